@@ -1,0 +1,171 @@
+"""Shared pytest fixtures: a real kube-apiserver + etcd + kube-controller-manager
+on loopback (hack/cluster/localcluster.py), and a fresh namespace per test.
+
+kube_cluster   session scope. Reuses a running cluster (`make cluster-up`) or
+               starts one, building the binaries first if needed (cold build
+               ~15-25 min; VIDEOJOB_CLUSTER_NO_BUILD=1 disables building). A
+               cluster started here is stopped when the last test session using
+               it ends; one started with `make cluster-up` is left running.
+               When it cannot start, tests that use it are skipped, or FAIL
+               when CI=true or VIDEOJOB_REQUIRE_CLUSTER=1.
+namespace      function scope. Creates `vj-test-<random>` and deletes it
+               afterwards without waiting for the deletion to finish.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LOCALCLUSTER = REPO / "hack" / "cluster" / "localcluster.py"
+# Covers a cold build of the binaries (build-tools.sh) plus start-up.
+UP_TIMEOUT_S = float(os.environ.get("VIDEOJOB_CLUSTER_UP_TIMEOUT", "3600"))
+
+
+def _cluster_required() -> bool:
+    return (os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+            or os.environ.get("VIDEOJOB_REQUIRE_CLUSTER", "").strip() == "1")
+
+
+class KubectlError(subprocess.CalledProcessError):
+    """CalledProcessError whose message shows kubectl's output."""
+
+    def __str__(self) -> str:
+        return (f"{super().__str__()}\n--- stdout ---\n{self.stdout or ''}"
+                f"\n--- stderr ---\n{self.stderr or ''}")
+
+
+class Kubectl(str):
+    """Path of the kubectl binary (a str, usable in argv and os.fspath) that can
+    also be called: ``cluster.kubectl("get", "ns")`` runs it with the admin
+    kubeconfig."""
+
+    _cluster: KubeCluster
+
+    def __new__(cls, path: str, cluster: KubeCluster):
+        obj = super().__new__(cls, path)
+        obj._cluster = cluster
+        return obj
+
+    def __fspath__(self) -> str:
+        return str.__str__(self)
+
+    def __call__(self, *args: str, check: bool = True, input: str | None = None,
+                 kubeconfig: str | os.PathLike | None = None,
+                 timeout: float = 120) -> subprocess.CompletedProcess:
+        cfg = os.fspath(kubeconfig or self._cluster.kubeconfig)
+        argv = [os.fspath(self), f"--kubeconfig={cfg}", *map(str, args)]
+        res = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and res.returncode != 0:
+            raise KubectlError(res.returncode, argv, res.stdout, res.stderr)
+        return res
+
+
+class KubeCluster:
+    """Handle on the loopback cluster.
+
+    kubeconfig  Path of the admin kubeconfig (system:masters)
+    kubectl     path of kubectl (str); call it to run kubectl with that kubeconfig:
+                kubectl(*args, check=True, input=None, kubeconfig=None, timeout=120)
+    bin_dir     Path with kubectl, kube-apiserver, kube-controller-manager, etcd
+    server      https://127.0.0.1:<port>
+    """
+
+    def __init__(self, state: dict):
+        self.state = state
+        self.kubeconfig = Path(state["kubeconfig"])
+        self.bin_dir = Path(state["bin_dir"])
+        self.server: str = state["server"]
+        self.cluster_dir = Path(state["cluster_dir"])
+        self.ca_file = self.cluster_dir / "pki" / "ca.crt"
+        self.kubectl = Kubectl(str(self.bin_dir / "kubectl"), self)
+
+    def env(self, kubeconfig: str | os.PathLike | None = None) -> dict[str, str]:
+        """os.environ with KUBECONFIG set (admin unless given) and kubectl on PATH."""
+        env = dict(os.environ)
+        env["KUBECONFIG"] = os.fspath(kubeconfig or self.kubeconfig)
+        env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
+    def _localcluster(self, *args: str) -> str:
+        res = subprocess.run([sys.executable, str(LOCALCLUSTER), "--cluster-dir",
+                              str(self.cluster_dir), *args],
+                             capture_output=True, text=True, timeout=120)
+        if res.returncode != 0:
+            raise RuntimeError(f"localcluster.py {' '.join(args)} failed ({res.returncode}):\n"
+                               f"{res.stderr}")
+        return res.stdout.strip()
+
+    def token(self, namespace: str, service_account: str, duration: str = "1h") -> str:
+        """A bearer token for the ServiceAccount (created, with its namespace, if missing)."""
+        return self._localcluster("token", "--namespace", namespace, "--service-account",
+                                  service_account, "--duration", duration)
+
+    def kubeconfig_for(self, namespace: str, service_account: str,
+                       out: str | os.PathLike, duration: str = "1h") -> Path:
+        """Write a kubeconfig that authenticates as the ServiceAccount; returns its path."""
+        self._localcluster("kubeconfig-for", "--namespace", namespace, "--service-account",
+                           service_account, "--duration", duration, "--out", os.fspath(out))
+        return Path(out)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that use the cluster (directly or through `namespace`) get the
+    `cluster` marker, so `-m "not cluster"` deselects them even when unmarked."""
+    registered = any(line.split(":")[0].strip() == "cluster"
+                     for line in config.getini("markers"))
+    if not registered:
+        return
+    for item in items:
+        if "kube_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker("cluster")
+
+
+@pytest.fixture(scope="session")
+def kube_cluster():
+    args = [sys.executable, str(LOCALCLUSTER), "up", "--ephemeral", "--holder", str(os.getpid()),
+            "--json"]
+    if os.environ.get("VIDEOJOB_CLUSTER_NO_BUILD", "").strip() == "1":
+        args.append("--no-build")
+    problem = None
+    try:
+        res = subprocess.run(args, capture_output=True, text=True, timeout=UP_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        problem = f"{' '.join(args)}: {exc}"
+    else:
+        if res.returncode != 0:
+            err = "\n".join(res.stderr.splitlines()[-60:])
+            problem = f"`{' '.join(args[1:])}` exited with {res.returncode}:\n{err}"
+    if problem:
+        msg = f"the loopback Kubernetes cluster could not start: {problem}"
+        if _cluster_required():
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+
+    state = json.loads(res.stdout)
+    try:
+        yield KubeCluster(state)
+    finally:
+        # Stops the cluster only if it was started by a test session (--ephemeral)
+        # and no other live session holds it.
+        subprocess.run([sys.executable, str(LOCALCLUSTER), "--cluster-dir", state["cluster_dir"],
+                        "release", "--holder", str(os.getpid())], timeout=120, check=False)
+
+
+@pytest.fixture
+def namespace(kube_cluster: KubeCluster):
+    """A fresh namespace `vj-test-<random>`; deleted (without waiting) after the test."""
+    name = f"vj-test-{secrets.token_hex(4)}"
+    manifest = {"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": name,
+                             "labels": {"app.kubernetes.io/part-of": "videojob-tests"}}}
+    kube_cluster.kubectl("create", "-f", "-", input=json.dumps(manifest))
+    yield name
+    kube_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found",
+                         check=False)

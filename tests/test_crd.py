@@ -1,0 +1,56 @@
+"""The CRD is generated from the models; checked-in copies must not drift."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from helpers import REPO
+from videojob.api import SPEC_RULES
+from videojob.crd import CRD_FILE, build_crd, render_crd
+
+
+def test_crd_file_matches_models():
+    assert (REPO / "crds" / CRD_FILE).read_text() == render_crd(), "crds/ drifted: run `make crds`"
+
+
+def test_chart_crd_copy_matches():
+    assert (REPO / "charts" / "videojob" / "crds" / CRD_FILE).read_text() == render_crd(), (
+        "the chart's CRD copy drifted: run `make crds`"
+    )
+
+
+def _walk(node, path="$"):
+    if isinstance(node, dict):
+        yield path, node
+        for key, value in node.items():
+            yield from _walk(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _walk(value, f"{path}[{i}]")
+
+
+def test_schema_is_structural():
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for path, node in _walk(schema):
+        for banned in ("$ref", "anyOf", "oneOf", "allOf", "additionalProperties", "title", "const"):
+            assert banned not in node, f"{banned} at {path}"
+        if "properties" in node or "x-kubernetes-validations" in node and path.endswith("spec"):
+            assert node.get("type") == "object", path
+    text = json.dumps(schema)
+    assert '"exclusiveMinimum": 0' not in text  # OpenAPI 3.0 wants a boolean
+
+
+def test_crd_carries_every_cross_field_rule():
+    spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    rules = spec["x-kubernetes-validations"]
+    assert len(rules) == len(SPEC_RULES)
+    assert all(r["fieldPath"].startswith(".") and r["messageExpression"] for r in rules)
+
+
+def test_printer_columns_and_status_subresource():
+    version = yaml.safe_load(render_crd().split("\n", 1)[1])["spec"]["versions"][0]
+    names = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert names[:4] == ["Phase", "Progress", "GPUs", "Model"] and "Age" in names
+    assert version["subresources"] == {"status": {}}
