@@ -16,20 +16,22 @@ include hack/cluster.mk
 # Lazily expanded: the bin dir exists once cluster-tools has run.
 KUBECTL = $(shell bash hack/cluster/build-tools.sh --print 2>/dev/null)/kubectl --kubeconfig $(CURDIR)/.cluster/kubeconfig
 
-.PHONY: help venv test unit crds demo clean
+.PHONY: help venv test unit crds demo bench calibrate clean
 
 help:
 	@echo "make demo    run the main job on the embedded default"
 	@echo "make test    install what is needed and run all tests (real kube-apiserver included)"
 	@echo "make unit    tests that need no cluster"
 	@echo "make crds    regenerate the CRD from the API models and sync the chart copy"
+	@echo "make bench   benchmarks, results in benchmarks/results/"
+	@echo "make calibrate   re-profile the models into the planner's calibration table"
 	@echo "make cluster-up / cluster-down   the loopback kube-apiserver for tests"
 
 # The venv is rebuilt only when pyproject.toml changes (the pip cache is kept).
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(BOOTSTRAP_PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,runtime]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -59,6 +61,14 @@ demo: venv cluster-up
 	$(KUBECTL) wait --for=condition=Established --timeout=60s crd/videojobs.videojob.io
 	$(KUBECTL) apply -f examples/tiny-cpu.yaml
 	$(KUBECTL) get videojobs -o wide
+
+# Benchmarks write JSON with the machine described under benchmarks/results/.
+bench: venv
+	$(PY) benchmarks/planner_bench.py
+
+# Re-measure the memory calibration table the planner reads (minutes on 2 cores).
+calibrate: venv
+	$(PY) -m videojob.cli profile --out operator/videojob/planner/calibration.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -150,3 +150,15 @@ def test_status_round_trips_with_camel_case():
     assert wire["plan"]["estimatedPeakGiBPerGPU"] == 20.5 and wire["measured"]["peakGiB"] == 19.0
     assert status.phase is Phase.RUNNING and not status.phase.terminal
     assert Phase.FAILED.terminal
+
+
+def test_operator_package_never_imports_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, videojob.cli, videojob.api, videojob.crd, videojob.planner; "
+            "videojob.planner.load_calibration(); "
+            "bad = [m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules]; "
+            "assert not bad, bad")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr

@@ -55,6 +55,47 @@ class FrameRule:
 
 
 @dataclass(frozen=True)
+class Arch:
+    """Architecture numbers the memory and latency models need.
+
+    ``tokens`` are the transformer's patch tokens for the video (DiTs) or the
+    latent positions (UNets); ``text_tokens`` the padded prompt length.
+    """
+
+    kind: str  # "dit" or "unet"
+    layers: int
+    head_dim: int
+    patch_t: int
+    patch_hw: int
+    vae_spatial: int
+    vae_temporal: int
+    latent_channels: int
+    text_tokens: int
+    text_encoder: str
+
+    def latent_frames(self, frames: int) -> int:
+        if self.vae_temporal == 1:
+            return frames
+        latent = (frames - 1) // self.vae_temporal + 1
+        # CogVideoX 1.5 pads latent frames up to a multiple of patch_t.
+        return -(-latent // self.patch_t) * self.patch_t
+
+    def tokens(self, width: int, height: int, frames: int) -> int:
+        side = self.vae_spatial * self.patch_hw
+        return (self.latent_frames(frames) // self.patch_t) * (height // side) * (width // side)
+
+
+@dataclass(frozen=True)
+class Component:
+    """One module of a pipeline, with its published parameter count."""
+
+    name: str
+    cls: str
+    params: float
+    source: str
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """One catalog entry. ``id`` is stable, lower-case and used in specs."""
 
@@ -73,6 +114,9 @@ class ModelInfo:
     default_steps: int
     default_guidance: float
     caches: tuple[str, ...]
+    arch: Arch
+    components: tuple[Component, ...]
+    offload_modes: tuple[str, ...] = ("none", "model", "group", "sequential")
     # Learned positional embeddings pin the resolution (CogVideoX-5b-I2V).
     fixed_resolution: bool = False
     min_size: int = 64
@@ -116,6 +160,12 @@ _MODELS: tuple[ModelInfo, ...] = (
         default_steps=50,
         default_guidance=6.0,
         caches=_DIT_CACHES,
+        arch=Arch(kind="dit", layers=30, head_dim=64, patch_t=1, patch_hw=2, vae_spatial=8, vae_temporal=4, latent_channels=16, text_tokens=226, text_encoder="t5-xxl"),
+        components=(
+            Component("text_encoder", "T5EncoderModel", 4.762e9, "google/t5-v1_1-xxl encoder, as THUDM/CogVideoX-2b text_encoder/config.json"),
+            Component("transformer", "CogVideoXTransformer3DModel", 1.692e9, "THUDM/CogVideoX-2b transformer/config.json"),
+            Component("vae", "AutoencoderKLCogVideoX", 215.6e6, "THUDM/CogVideoX-2b vae/config.json"),
+        ),
     ),
     ModelInfo(
         id="cogvideox-5b",
@@ -134,6 +184,12 @@ _MODELS: tuple[ModelInfo, ...] = (
         default_steps=50,
         default_guidance=6.0,
         caches=_DIT_CACHES,
+        arch=Arch(kind="dit", layers=42, head_dim=64, patch_t=1, patch_hw=2, vae_spatial=8, vae_temporal=4, latent_channels=16, text_tokens=226, text_encoder="t5-xxl"),
+        components=(
+            Component("text_encoder", "T5EncoderModel", 4.762e9, "google/t5-v1_1-xxl encoder, as THUDM/CogVideoX-2b text_encoder/config.json"),
+            Component("transformer", "CogVideoXTransformer3DModel", 5.570e9, "THUDM/CogVideoX-5b transformer/config.json"),
+            Component("vae", "AutoencoderKLCogVideoX", 215.6e6, "THUDM/CogVideoX-2b vae/config.json"),
+        ),
     ),
     ModelInfo(
         id="cogvideox-5b-i2v",
@@ -152,6 +208,12 @@ _MODELS: tuple[ModelInfo, ...] = (
         default_steps=50,
         default_guidance=6.0,
         caches=_DIT_CACHES,
+        arch=Arch(kind="dit", layers=42, head_dim=64, patch_t=1, patch_hw=2, vae_spatial=8, vae_temporal=4, latent_channels=16, text_tokens=226, text_encoder="t5-xxl"),
+        components=(
+            Component("text_encoder", "T5EncoderModel", 4.762e9, "google/t5-v1_1-xxl encoder, as THUDM/CogVideoX-2b text_encoder/config.json"),
+            Component("transformer", "CogVideoXTransformer3DModel", 5.570e9, "THUDM/CogVideoX-5b-I2V transformer/config.json"),
+            Component("vae", "AutoencoderKLCogVideoX", 215.6e6, "THUDM/CogVideoX-2b vae/config.json"),
+        ),
         fixed_resolution=True,
     ),
     ModelInfo(
@@ -171,6 +233,12 @@ _MODELS: tuple[ModelInfo, ...] = (
         default_steps=50,
         default_guidance=6.0,
         caches=_DIT_CACHES,
+        arch=Arch(kind="dit", layers=42, head_dim=64, patch_t=2, patch_hw=2, vae_spatial=8, vae_temporal=4, latent_channels=16, text_tokens=226, text_encoder="t5-xxl"),
+        components=(
+            Component("text_encoder", "T5EncoderModel", 4.762e9, "google/t5-v1_1-xxl encoder, as THUDM/CogVideoX-2b text_encoder/config.json"),
+            Component("transformer", "CogVideoXTransformer3DModel", 5.570e9, "THUDM/CogVideoX1.5-5B transformer/config.json"),
+            Component("vae", "AutoencoderKLCogVideoX", 215.6e6, "THUDM/CogVideoX-2b vae/config.json"),
+        ),
     ),
     ModelInfo(
         id="consisid",
@@ -189,6 +257,12 @@ _MODELS: tuple[ModelInfo, ...] = (
         default_steps=50,
         default_guidance=6.0,
         caches=_CONSISID_CACHES,
+        arch=Arch(kind="dit", layers=42, head_dim=64, patch_t=1, patch_hw=2, vae_spatial=8, vae_temporal=4, latent_channels=16, text_tokens=226, text_encoder="t5-xxl"),
+        components=(
+            Component("text_encoder", "T5EncoderModel", 4.762e9, "google/t5-v1_1-xxl encoder, as THUDM/CogVideoX-2b text_encoder/config.json"),
+            Component("transformer", "ConsisIDTransformer3DModel", 6.162e9, "BestWishYsh/ConsisID-preview transformer/config.json"),
+            Component("vae", "AutoencoderKLCogVideoX", 215.6e6, "THUDM/CogVideoX-2b vae/config.json"),
+        ),
         fixed_resolution=True,
     ),
     ModelInfo(
@@ -208,6 +282,12 @@ _MODELS: tuple[ModelInfo, ...] = (
         default_steps=50,
         default_guidance=5.0,
         caches=_DIT_CACHES,
+        arch=Arch(kind="dit", layers=30, head_dim=128, patch_t=1, patch_hw=2, vae_spatial=8, vae_temporal=4, latent_channels=16, text_tokens=512, text_encoder="umt5-xxl"),
+        components=(
+            Component("text_encoder", "UMT5EncoderModel", 5.681e9, "google/umt5-xxl encoder, as Wan-AI/Wan2.1-T2V-1.3B-Diffusers text_encoder/config.json"),
+            Component("transformer", "WanTransformer3DModel", 1.419e9, "Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json"),
+            Component("vae", "AutoencoderKLWan", 126.9e6, "Wan-AI/Wan2.1-T2V-1.3B-Diffusers vae/config.json"),
+        ),
     ),
     ModelInfo(
         id="wan2.1-t2v-14b",
@@ -226,6 +306,12 @@ _MODELS: tuple[ModelInfo, ...] = (
         default_steps=50,
         default_guidance=5.0,
         caches=_DIT_CACHES,
+        arch=Arch(kind="dit", layers=40, head_dim=128, patch_t=1, patch_hw=2, vae_spatial=8, vae_temporal=4, latent_channels=16, text_tokens=512, text_encoder="umt5-xxl"),
+        components=(
+            Component("text_encoder", "UMT5EncoderModel", 5.681e9, "google/umt5-xxl encoder, as Wan-AI/Wan2.1-T2V-1.3B-Diffusers text_encoder/config.json"),
+            Component("transformer", "WanTransformer3DModel", 14.29e9, "Wan-AI/Wan2.1-T2V-14B-Diffusers transformer/config.json"),
+            Component("vae", "AutoencoderKLWan", 126.9e6, "Wan-AI/Wan2.1-T2V-1.3B-Diffusers vae/config.json"),
+        ),
     ),
     ModelInfo(
         id="i2vgen-xl",
@@ -244,6 +330,13 @@ _MODELS: tuple[ModelInfo, ...] = (
         default_steps=50,
         default_guidance=9.0,
         caches=_UNET_CACHES,
+        arch=Arch(kind="unet", layers=4, head_dim=64, patch_t=1, patch_hw=1, vae_spatial=8, vae_temporal=1, latent_channels=4, text_tokens=77, text_encoder="clip-h"),
+        components=(
+            Component("text_encoder", "CLIPTextModel", 340.4e6, "ali-vilab/i2vgen-xl text_encoder/config.json"),
+            Component("image_encoder", "CLIPVisionModelWithProjection", 632.1e6, "ali-vilab/i2vgen-xl image_encoder/config.json"),
+            Component("unet", "I2VGenXLUNet", 1.427e9, "ali-vilab/i2vgen-xl unet/config.json"),
+            Component("vae", "AutoencoderKL", 83.65e6, "stable-diffusion-v1-5 vae/config.json"),
+        ),
         sequence_parallel=False,
     ),
     ModelInfo(
@@ -266,6 +359,12 @@ _MODELS: tuple[ModelInfo, ...] = (
         default_steps=25,
         default_guidance=7.5,
         caches=_UNET_CACHES,
+        arch=Arch(kind="unet", layers=4, head_dim=40, patch_t=1, patch_hw=1, vae_spatial=8, vae_temporal=1, latent_channels=4, text_tokens=77, text_encoder="clip-l"),
+        components=(
+            Component("text_encoder", "CLIPTextModel", 123.1e6, "stable-diffusion-v1-5 text_encoder/config.json"),
+            Component("unet", "UNetMotionModel", 1.313e9, "stable-diffusion-v1-5 unet + guoyww/animatediff-motion-adapter-v1-5-2"),
+            Component("vae", "AutoencoderKL", 83.65e6, "stable-diffusion-v1-5 vae/config.json"),
+        ),
         sequence_parallel=False,
     ),
     # Tiny random-weight models for tests and the CPU demo: built from
@@ -286,6 +385,8 @@ _MODELS: tuple[ModelInfo, ...] = (
         default_steps=4,
         default_guidance=6.0,
         caches=_DIT_CACHES,
+        arch=Arch(kind="dit", layers=2, head_dim=16, patch_t=1, patch_hw=2, vae_spatial=8, vae_temporal=4, latent_channels=4, text_tokens=16, text_encoder="tiny-t5"),
+        components=(),
         min_size=16,
         max_size=256,
         tiny=True,
@@ -306,6 +407,8 @@ _MODELS: tuple[ModelInfo, ...] = (
         default_steps=4,
         default_guidance=6.0,
         caches=_DIT_CACHES,
+        arch=Arch(kind="dit", layers=2, head_dim=16, patch_t=1, patch_hw=2, vae_spatial=8, vae_temporal=4, latent_channels=4, text_tokens=16, text_encoder="tiny-t5"),
+        components=(),
         min_size=16,
         max_size=256,
         tiny=True,
@@ -326,6 +429,8 @@ _MODELS: tuple[ModelInfo, ...] = (
         default_steps=4,
         default_guidance=6.0,
         caches=_CONSISID_CACHES,
+        arch=Arch(kind="dit", layers=2, head_dim=16, patch_t=1, patch_hw=2, vae_spatial=8, vae_temporal=4, latent_channels=4, text_tokens=16, text_encoder="tiny-t5"),
+        components=(),
         min_size=16,
         max_size=256,
         tiny=True,
@@ -346,6 +451,8 @@ _MODELS: tuple[ModelInfo, ...] = (
         default_steps=4,
         default_guidance=5.0,
         caches=_DIT_CACHES,
+        arch=Arch(kind="dit", layers=2, head_dim=16, patch_t=1, patch_hw=2, vae_spatial=8, vae_temporal=4, latent_channels=4, text_tokens=16, text_encoder="tiny-t5"),
+        components=(),
         min_size=16,
         max_size=256,
         tiny=True,

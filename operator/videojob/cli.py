@@ -68,6 +68,96 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_spec_from_args(args: argparse.Namespace):
+    """The spec to plan: a file's, or one built from --model/--width/... flags."""
+    from .api import parse_spec
+
+    if args.file:
+        docs = list(_documents(Path(args.file)))
+        if len(docs) != 1:
+            raise InvalidVideoJob([Problem("(document)", "plan takes a file with exactly one VideoJob")])
+        return parse_videojob(docs[0][1]).spec
+    if not args.model:
+        raise InvalidVideoJob([Problem("--model", "give a FILE or --model ID (see `videojob plan --help`)")])
+    video = {k: v for k, v in (("width", args.width), ("height", args.height), ("frames", args.frames)) if v}
+    sampling = {k: v for k, v in (("steps", args.steps), ("guidanceScale", args.guidance)) if v is not None}
+    data = {"model": {"name": args.model, "dtype": args.dtype}, "prompt": "(plan)", "video": video,
+            "sampling": sampling, "cache": {"policy": args.cache}}
+    flags = {"spec.model.name": "--model", "spec.video.width": "--width", "spec.video.height": "--height",
+             "spec.video.frames": "--frames", "spec.sampling.steps": "--steps",
+             "spec.sampling.guidanceScale": "--guidance", "spec.model.dtype": "--dtype", "spec.cache.policy": "--cache"}
+    try:
+        return parse_spec(data)
+    except InvalidVideoJob as exc:
+        raise InvalidVideoJob([Problem(flags.get(p.field, p.field), p.message) for p in exc.problems]) from None
+
+
+def _inventory_from_args(args: argparse.Namespace):
+    from .api import parse_bytes
+    from .planner import GiB, Inventory
+
+    try:
+        gpu_memory = parse_bytes(args.gpu_memory)
+        host = parse_bytes(args.host_memory) if args.host_memory else 64 * GiB * args.gpus
+    except ValueError as exc:
+        raise InvalidVideoJob([Problem("--gpu-memory/--host-memory", str(exc))]) from None
+    if args.gpus < 1 or args.gpus > 8:
+        raise InvalidVideoJob([Problem("--gpus", f"must be between 1 and 8 (got {args.gpus})")])
+    return Inventory(gpu_memory=gpu_memory, gpus_per_node=args.gpus, host_memory=host, gpu_type=args.gpu_type)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from dataclasses import replace
+
+    from .planner import choose, inventory_for_spec, request_from_spec, sweep
+    from .planner.report import render_plan, render_sweep
+
+    try:
+        inventory = _inventory_from_args(args)
+        if args.sweep:
+            from .catalog import get_model
+
+            try:
+                get_model(args.sweep)
+            except KeyError as exc:
+                raise InvalidVideoJob([Problem("--sweep", str(exc.args[0]))]) from None
+            rows = sweep(args.sweep, inventory, steps=args.steps)
+            print(json.dumps(rows, indent=2) if args.json else render_sweep(args.sweep, rows, inventory))
+            return 0
+        spec = _plan_spec_from_args(args)
+    except (InvalidVideoJob, OSError, yaml.YAMLError) as exc:
+        problems = exc.problems if isinstance(exc, InvalidVideoJob) else [Problem("(file)", str(exc))]
+        for p in problems:
+            print(f"{args.file or 'plan'}: {p.field}: {p.message}", file=sys.stderr)
+        return 1
+    request = request_from_spec(spec)
+    if args.fp8_weights:
+        request = replace(request, fp8_weights=True)
+    result = choose(request, inventory_for_spec(spec, inventory))
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(render_plan(spec, inventory, result, show_all=args.all))
+    return 0 if result.chosen else 3
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    """Runtime side (needs torch): measure the models and write the calibration table."""
+    try:
+        from videojob_runtime.profiling.calibrate import main as profile_main
+    except ImportError as exc:
+        print(f"profile: needs the runtime dependencies (pip install 'videojob[runtime]'): {exc}", file=sys.stderr)
+        return 1
+    argv = ["--out", args.out]
+    if args.models:
+        argv += ["--models", args.models]
+    if args.no_merge:
+        argv.append("--no-merge")
+    return profile_main(argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="videojob", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -79,6 +169,41 @@ def build_parser() -> argparse.ArgumentParser:
     crd = sub.add_parser("crd", help="print the VideoJob CRD generated from the API models")
     crd.add_argument("--out", help="write to this file instead of stdout")
     crd.set_defaults(func=_cmd_crd)
+
+    plan = sub.add_parser(
+        "plan",
+        help="what fits on which GPUs, and how (exit 0 fits, 1 bad input, 3 nothing fits)",
+        description="Plan GPU memory and layout for a VideoJob file or for --model/--width/... flags.",
+    )
+    plan.add_argument("file", nargs="?", metavar="FILE", help="a VideoJob YAML file")
+    plan.add_argument("--model", help="catalog id, e.g. cogvideox-5b (instead of FILE)")
+    plan.add_argument("--width", type=int)
+    plan.add_argument("--height", type=int)
+    plan.add_argument("--frames", type=int)
+    plan.add_argument("--steps", type=int)
+    plan.add_argument("--guidance", type=float)
+    plan.add_argument("--dtype", default="bfloat16", help="with --model (default bfloat16)")
+    plan.add_argument("--cache", default="auto", help="with --model: off, auto, fbcache, dbcache, teacache")
+    plan.add_argument("--gpu-memory", default="80GiB", help="memory per GPU (default 80GiB)")
+    plan.add_argument("--gpus", type=int, default=1, help="GPUs in the node (default 1)")
+    plan.add_argument("--host-memory", help="host RAM of the node (default 64GiB per GPU)")
+    plan.add_argument("--gpu-type", default="a100", choices=["a100", "l40", "h100", "h200", "generic"],
+                      help="scales the time estimates (default a100)")
+    plan.add_argument("--fp8-weights", action="store_true",
+                      help="store the denoiser's weights in fp8 (layerwise casting; slightly changes output)")
+    plan.add_argument("--json", action="store_true", help='print {"chosen", "alternatives", "reason"}')
+    plan.add_argument("--all", action="store_true", help="list every alternative in the table")
+    plan.add_argument("--sweep", metavar="MODEL", help="per GPU size, the largest video that fits")
+    plan.set_defaults(func=_cmd_plan)
+
+    profile = sub.add_parser(
+        "profile",
+        help="measure each model's memory under FakeTensorMode and write the planner's calibration table",
+    )
+    profile.add_argument("--out", default=str(Path(__file__).parent / "planner" / "calibration.json"))
+    profile.add_argument("--models", help="comma-separated catalog ids (default: all)")
+    profile.add_argument("--no-merge", action="store_true", help="with --models, drop the other models' entries")
+    profile.set_defaults(func=_cmd_profile)
     return parser
 
 

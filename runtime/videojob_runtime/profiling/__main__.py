@@ -1,0 +1,5 @@
+import sys
+
+from .calibrate import main
+
+sys.exit(main())
