@@ -117,6 +117,13 @@ class ModelInfo:
     arch: Arch
     components: tuple[Component, ...]
     offload_modes: tuple[str, ...] = ("none", "model", "group", "sequential")
+    # xfuser 0.7.0 facts (checked on CPU, see DESIGN.md): its CogVideoX
+    # wrapper shards the latent height (patch rows must divide by the SP
+    # degree) and needs guidance > 1 under SP; Wan shards the token
+    # sequence and has no CFG parallel.
+    sp_split: str = "tokens"  # "tokens" or "height"
+    cfg_parallel: bool = True
+    sp_needs_guidance: bool = False
     # Learned positional embeddings pin the resolution (CogVideoX-5b-I2V).
     fixed_resolution: bool = False
     min_size: int = 64
@@ -166,6 +173,8 @@ _MODELS: tuple[ModelInfo, ...] = (
             Component("transformer", "CogVideoXTransformer3DModel", 1.692e9, "THUDM/CogVideoX-2b transformer/config.json"),
             Component("vae", "AutoencoderKLCogVideoX", 215.6e6, "THUDM/CogVideoX-2b vae/config.json"),
         ),
+        sp_split="height",
+        sp_needs_guidance=True,
     ),
     ModelInfo(
         id="cogvideox-5b",
@@ -190,6 +199,8 @@ _MODELS: tuple[ModelInfo, ...] = (
             Component("transformer", "CogVideoXTransformer3DModel", 5.570e9, "THUDM/CogVideoX-5b transformer/config.json"),
             Component("vae", "AutoencoderKLCogVideoX", 215.6e6, "THUDM/CogVideoX-2b vae/config.json"),
         ),
+        sp_split="height",
+        sp_needs_guidance=True,
     ),
     ModelInfo(
         id="cogvideox-5b-i2v",
@@ -215,6 +226,8 @@ _MODELS: tuple[ModelInfo, ...] = (
             Component("vae", "AutoencoderKLCogVideoX", 215.6e6, "THUDM/CogVideoX-2b vae/config.json"),
         ),
         fixed_resolution=True,
+        sp_split="height",
+        sp_needs_guidance=True,
     ),
     ModelInfo(
         id="cogvideox1.5-5b",
@@ -239,6 +252,8 @@ _MODELS: tuple[ModelInfo, ...] = (
             Component("transformer", "CogVideoXTransformer3DModel", 5.570e9, "THUDM/CogVideoX1.5-5B transformer/config.json"),
             Component("vae", "AutoencoderKLCogVideoX", 215.6e6, "THUDM/CogVideoX-2b vae/config.json"),
         ),
+        sp_split="height",
+        sp_needs_guidance=True,
     ),
     ModelInfo(
         id="consisid",
@@ -264,6 +279,8 @@ _MODELS: tuple[ModelInfo, ...] = (
             Component("vae", "AutoencoderKLCogVideoX", 215.6e6, "THUDM/CogVideoX-2b vae/config.json"),
         ),
         fixed_resolution=True,
+        sp_split="height",
+        sp_needs_guidance=True,
     ),
     ModelInfo(
         id="wan2.1-t2v-1.3b",
@@ -288,6 +305,7 @@ _MODELS: tuple[ModelInfo, ...] = (
             Component("transformer", "WanTransformer3DModel", 1.419e9, "Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json"),
             Component("vae", "AutoencoderKLWan", 126.9e6, "Wan-AI/Wan2.1-T2V-1.3B-Diffusers vae/config.json"),
         ),
+        cfg_parallel=False,
     ),
     ModelInfo(
         id="wan2.1-t2v-14b",
@@ -312,6 +330,7 @@ _MODELS: tuple[ModelInfo, ...] = (
             Component("transformer", "WanTransformer3DModel", 14.29e9, "Wan-AI/Wan2.1-T2V-14B-Diffusers transformer/config.json"),
             Component("vae", "AutoencoderKLWan", 126.9e6, "Wan-AI/Wan2.1-T2V-1.3B-Diffusers vae/config.json"),
         ),
+        cfg_parallel=False,
     ),
     ModelInfo(
         id="i2vgen-xl",
@@ -376,7 +395,7 @@ _MODELS: tuple[ModelInfo, ...] = (
         config_source="videojob runtime tiny config (CogVideoX layout)",
         tasks=("t2v",),
         native_width=64,
-        native_height=48,
+        native_height=64,
         native_frames=9,
         native_fps=8,
         frames=_COGVIDEOX_FRAMES,
@@ -390,6 +409,8 @@ _MODELS: tuple[ModelInfo, ...] = (
         min_size=16,
         max_size=256,
         tiny=True,
+        sp_split="height",
+        sp_needs_guidance=True,
     ),
     ModelInfo(
         id="tiny-cogvideox-i2v",
@@ -398,7 +419,7 @@ _MODELS: tuple[ModelInfo, ...] = (
         config_source="videojob runtime tiny config (CogVideoX I2V layout)",
         tasks=("i2v",),
         native_width=64,
-        native_height=48,
+        native_height=64,
         native_frames=9,
         native_fps=8,
         frames=_COGVIDEOX_FRAMES,
@@ -412,6 +433,8 @@ _MODELS: tuple[ModelInfo, ...] = (
         min_size=16,
         max_size=256,
         tiny=True,
+        sp_split="height",
+        sp_needs_guidance=True,
     ),
     ModelInfo(
         id="tiny-consisid",
@@ -420,7 +443,7 @@ _MODELS: tuple[ModelInfo, ...] = (
         config_source="videojob runtime tiny config (ConsisID layout)",
         tasks=("identity",),
         native_width=64,
-        native_height=48,
+        native_height=64,
         native_frames=9,
         native_fps=8,
         frames=_COGVIDEOX_FRAMES,
@@ -434,6 +457,8 @@ _MODELS: tuple[ModelInfo, ...] = (
         min_size=16,
         max_size=256,
         tiny=True,
+        sp_split="height",
+        sp_needs_guidance=True,
     ),
     ModelInfo(
         id="tiny-wan",
@@ -442,7 +467,7 @@ _MODELS: tuple[ModelInfo, ...] = (
         config_source="videojob runtime tiny config (Wan 2.1 layout)",
         tasks=("t2v",),
         native_width=64,
-        native_height=48,
+        native_height=64,
         native_frames=9,
         native_fps=16,
         frames=_WAN_FRAMES,
@@ -456,6 +481,7 @@ _MODELS: tuple[ModelInfo, ...] = (
         min_size=16,
         max_size=256,
         tiny=True,
+        cfg_parallel=False,
     ),
 )
 

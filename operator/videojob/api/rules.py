@@ -265,6 +265,23 @@ def _parallel_rules() -> list[SpecRule]:
             )
         )
 
+    no_cfg = tuple(m.id for m in CATALOG.values() if m.sequence_parallel and not m.cfg_parallel)
+
+    def cfg_unsupported(spec):
+        p = spec.parallel
+        if p is None or p.cfg == 1 or spec.model.name not in no_cfg:
+            return None
+        return f"xfuser has no CFG parallel for {spec.model.name}: set parallel.cfg to 1 (use ulysses or ring)"
+
+    rules.append(
+        SpecRule(
+            field="parallel.cfg",
+            cel=_when("parallel.cfg", no_cfg, "self.parallel.cfg == 1"),
+            cel_message="'xfuser has no CFG parallel for ' + self.model.name + ': set parallel.cfg to 1'",
+            check=cfg_unsupported,
+        )
+    )
+
     def cfg_needs_guidance(spec):
         p, g = spec.parallel, spec.sampling.guidance_scale
         if p is None or p.cfg == 1 or g is None or g > 1.0:

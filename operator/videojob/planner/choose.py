@@ -165,22 +165,32 @@ def inventory_for_spec(spec: VideoJobSpec, inventory: Inventory) -> Inventory:
 def degree_triples(request: Request, limit: int) -> Iterable[tuple[int, int, int]]:
     """(ulysses, ring, cfg) the model and job allow on at most ``limit`` GPUs."""
     job, model = request.job, request.job.model
-    if request.parallel:
-        yield request.parallel
-        return
-    if not model.sequence_parallel:
-        yield (1, 1, 1)
-        return
-    tokens = job.tokens
-    for cfg in (1, 2) if job.guidance > 1.0 else (1,):
-        for ulysses in range(1, limit + 1):
-            if model.attention_heads % ulysses:
-                continue
-            for ring in range(1, limit // (ulysses * cfg) + 1):
-                sp = ulysses * ring
-                if sp * cfg > limit or tokens % sp:
-                    continue
-                yield (ulysses, ring, cfg)
+    candidates = [request.parallel] if request.parallel else [
+        (u, r, c) for c in (1, 2) for u in range(1, limit + 1) for r in range(1, limit + 1) if u * r * c <= limit
+    ]
+    for ulysses, ring, cfg in candidates:
+        if layout_problem(job, ulysses, ring, cfg) is None:
+            yield (ulysses, ring, cfg)
+
+
+def layout_problem(job: Job, ulysses: int, ring: int, cfg: int) -> str | None:
+    """Why these degrees cannot run this job (None when they can)."""
+    model, arch = job.model, job.model.arch
+    sp = ulysses * ring
+    if not model.sequence_parallel and (sp > 1 or cfg > 1):
+        return f"{model.id} is a UNet model and runs on one GPU"
+    if model.attention_heads % ulysses:
+        return f"ulysses {ulysses} does not divide the {model.attention_heads} attention heads"
+    if cfg > 1 and (job.guidance <= 1.0 or not model.cfg_parallel):
+        return "CFG parallel needs guidance above 1 and a model xfuser can split by CFG"
+    if sp > 1 and model.sp_needs_guidance and job.guidance <= 1.0:
+        return f"xfuser runs {model.id} sequence-parallel only with guidance above 1"
+    if job.tokens % sp:
+        return f"{job.tokens} latent tokens do not divide by the sequence-parallel degree {sp}"
+    rows = job.height // (arch.vae_spatial * arch.patch_hw)
+    if model.sp_split == "height" and rows % sp:
+        return f"{rows} latent patch rows (height {job.height}) do not divide by the sequence-parallel degree {sp}"
+    return None
 
 
 def allowed_offloads(request: Request) -> list[str]:
@@ -255,7 +265,10 @@ def _no_fit_reason(request: Request, inventory: Inventory, calibration: Calibrat
                    alternatives: list[Alternative]) -> str:
     job, model = request.job, request.job.model
     if not alternatives:
-        return "no parallel layout is valid for this model and size (heads and tokens must divide the degrees)"
+        if request.parallel:
+            u, r, c = request.parallel
+            return f"parallel ulysses {u} x ring {r} x cfg {c} cannot run this job: {layout_problem(job, u, r, c)}"
+        return "no parallel layout is valid for this model and size"
     smallest = min(alternatives, key=lambda a: a.need)
     head = (
         f"nothing fits: the smallest layout ({smallest.layout.summary()}) {smallest.why_not}"
