@@ -16,7 +16,7 @@ include hack/cluster.mk
 # Lazily expanded: the bin dir exists once cluster-tools has run.
 KUBECTL = $(shell bash hack/cluster/build-tools.sh --print 2>/dev/null)/kubectl --kubeconfig $(CURDIR)/.cluster/kubeconfig
 
-.PHONY: help venv test unit crds demo bench calibrate clean
+.PHONY: help venv test unit crds demo demo-cluster bench calibrate clean
 
 help:
 	@echo "make demo    run the main job on the embedded default"
@@ -53,9 +53,13 @@ crds: venv
 	mkdir -p $(dir $(CHART_CRD))
 	cp $(CRD_FILE) $(CHART_CRD)
 
-# Until the runtime lands, the demo shows the API end to end on the real
-# loopback apiserver: install the CRD, submit the tiny CPU job, list it.
-demo: venv cluster-up
+# The main job on the embedded default: the tiny CPU model, sequence-parallel
+# over two local Ray actors (gloo), written to out/tiny-cpu.{mp4,png,json}.
+demo: venv
+	OMP_NUM_THREADS=1 $(PY) -m videojob.cli run examples/tiny-cpu.yaml --out out
+
+# The API on the loopback apiserver: install the CRD, submit the tiny job, list it.
+demo-cluster: venv cluster-up
 	$(PY) -m videojob.cli validate examples/*.yaml
 	$(KUBECTL) apply --server-side -f $(CRD_FILE)
 	$(KUBECTL) wait --for=condition=Established --timeout=60s crd/videojobs.videojob.io

@@ -158,6 +158,69 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return profile_main(argv)
 
 
+def apply_overrides(doc: dict, assignments: Sequence[str]) -> dict:
+    """``--set parallel.ulysses=2``: set a dotted spec field (YAML-typed value)."""
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise InvalidVideoJob([Problem("--set", f"{item!r} is not KEY=VALUE, e.g. parallel.ulysses=2")])
+        path = key.removeprefix("spec.").split(".")
+        node = doc.setdefault("spec", {})
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise InvalidVideoJob([Problem("--set", f"spec.{'.'.join(path[:-1])} is not an object")])
+            node = child
+        node[path[-1]] = yaml.safe_load(raw) if raw else ""
+    return doc
+
+
+def _progress_bar(progress: dict) -> None:
+    steps = progress.get("steps") or 0
+    done = progress.get("step") or 0
+    width = 30
+    filled = int(width * done / steps) if steps else 0
+    stage = progress.get("stage") or progress.get("state", "")
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{steps} steps  {stage:<8}")
+    sys.stderr.flush()
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    try:
+        docs = list(_documents(Path(args.file)))
+        if len(docs) != 1:
+            raise InvalidVideoJob([Problem("(document)", "run takes a file with exactly one VideoJob")])
+        job = parse_videojob(apply_overrides(docs[0][1], args.set or []))
+    except (InvalidVideoJob, OSError, yaml.YAMLError) as exc:
+        problems = exc.problems if isinstance(exc, InvalidVideoJob) else [Problem("(file)", str(exc))]
+        for p in problems:
+            print(f"{args.file}: {p.field}: {p.message}", file=sys.stderr)
+        return 1
+    try:
+        from videojob_runtime.local import run_local
+    except ImportError as exc:
+        print(f"run: needs the runtime dependencies (pip install 'videojob[runtime]'): {exc}", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    result = run_local(job, out, on_progress=None if args.quiet else _progress_bar)
+    if not args.quiet:
+        sys.stderr.write("\n")
+    if not result.get("ok"):
+        error = result["error"]
+        print(f"{job.name}: failed in {error.get('stage') or 'run'}: {error['reason']}: {error['message']}",
+              file=sys.stderr)
+        return 2
+    plan, timings = result["plan"], result["timings"]
+    print(f"{job.name}: {result['output']['video']} ({result['output']['bytes']} bytes), "
+          f"poster {result['output']['poster']}, result {result['output']['result']}")
+    print(f"  layout: {plan['summary']} on {plan['gpus']} {result['device']} rank(s); {result['reason']}")
+    print("  seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in timings.items())
+          + f"; wall {result['wall']['total']:.1f} (Ray start {result['wall']['ray']:.1f}, group {result['wall']['group']:.1f})")
+    print(f"  memory: measured peak {result['measuredPeakGiB']:.3f} GiB per rank, planned {plan['peakGiBPerGPU']} GiB; "
+          f"collectives per rank {result['collectives_per_rank']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="videojob", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -195,6 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--all", action="store_true", help="list every alternative in the table")
     plan.add_argument("--sweep", metavar="MODEL", help="per GPU size, the largest video that fits")
     plan.set_defaults(func=_cmd_plan)
+
+    run = sub.add_parser("run", help="plan for this machine and run on embedded local Ray; writes OUT/NAME.mp4/.png/.json")
+    run.add_argument("file", metavar="FILE")
+    run.add_argument("--out", default="out", help="output directory (default ./out)")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="override a spec field, e.g. --set parallel.ulysses=2 --set cache.policy=off")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(func=_cmd_run)
 
     profile = sub.add_parser(
         "profile",

@@ -53,7 +53,7 @@ def encode_mp4(frames: np.ndarray, path: Path, fps: int, crf: int = 18) -> None:
 
     frames = even_crop(frames)
     _, height, width, _ = frames.shape
-    with av.open(str(path), mode="w", options={"movflags": "+faststart"}) as container:
+    with av.open(str(path), mode="w", format="mp4", options={"movflags": "+faststart"}) as container:
         stream = container.add_stream("libx264", rate=Fraction(fps))
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.options = {"crf": str(crf), "preset": "medium"}
