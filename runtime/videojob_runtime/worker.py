@@ -52,6 +52,8 @@ class JobRequest:
     # Without output_dir the frames come back: "uint8" (video) or "float32" (tests compare these).
     frames_dtype: str = "uint8"
     result_extra: dict[str, Any] = field(default_factory=dict)
+    # CPU only: count live tensor bytes (a dispatch-mode tracker; costs ~10% on tiny models).
+    track_memory: bool = True
     # Test hook: raise an out-of-memory error in this stage (load, encode, denoise, decode).
     inject_oom: str | None = None
 
@@ -217,7 +219,7 @@ class RankWorker:
                 raise InjectedOOM("injected out of memory (load)")
             loaded = self.load(req)
             timings["load"] = loaded["load_seconds"]
-            tracker = self._memory_tracker()
+            tracker = self._memory_tracker(req.track_memory)
             counts_before = collectives.total()
             frames, stage_times = self._generate(req, tracker)
             if frames is not None and req.frames_dtype == "uint8":
@@ -270,12 +272,14 @@ class RankWorker:
                 failure = JobFailure(f"{type(exc).__name__}: {exc}", stage=stage)
             return {"ok": False, "rank": self.rank, "error": failure.to_dict()}
 
-    def _memory_tracker(self):
+    def _memory_tracker(self, enabled: bool = True):
         """GPU: the allocator's peak. CPU: live tensor bytes plus the resident weights."""
         if self.device != "cpu":
             import torch
 
             torch.cuda.reset_peak_memory_stats()
+            return None
+        if not enabled:
             return None
         from .profiling.memtrack import LiveBytes
 
