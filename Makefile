@@ -16,7 +16,7 @@ include hack/cluster.mk
 # Lazily expanded: the bin dir exists once cluster-tools has run.
 KUBECTL = $(shell bash hack/cluster/build-tools.sh --print 2>/dev/null)/kubectl --kubeconfig $(CURDIR)/.cluster/kubeconfig
 
-.PHONY: help venv test unit crds demo demo-cluster bench calibrate clean
+.PHONY: help venv test unit crds demo demo-cluster bench calibrate gpu-check gpu-check-dry-run clean
 
 help:
 	@echo "make demo    run the main job on the embedded default"
@@ -69,6 +69,16 @@ demo-cluster: venv cluster-up
 # Benchmarks write JSON with the machine described under benchmarks/results/.
 bench: venv
 	$(PY) benchmarks/planner_bench.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/runtime_bench.py
+
+# On a GPU machine: CogVideoX-5b full size (random weights), each offload mode,
+# measured vs planned -> benchmarks/results/gpu-*.json. gpu-check-dry-run runs the
+# same script on the CPU with the tiny model.
+gpu-check: venv
+	$(PY) benchmarks/gpu_check.py
+
+gpu-check-dry-run: venv
+	OMP_NUM_THREADS=1 $(PY) benchmarks/gpu_check.py --dry-run --steps 2
 
 # Re-measure the memory calibration table the planner reads (minutes on 2 cores).
 calibrate: venv

@@ -171,3 +171,39 @@ def test_videojob_run_rejects_bad_override(tmp_path):
          "--set", "video.frames=10"], capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 1 and "spec.video.frames" in result.stderr
+
+
+def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
+
+
+def test_step_cache_under_sequence_parallel(local_ray):
+    """DBCache on two USP ranks: both ranks skip the same evaluations (cache-dit
+    all-reduces its statistics), at least 30% are skipped, and the video stays
+    close to cache-off: PSNR >= 35 dB (frames in [0, 1]; two different seeds'
+    videos are ~12.5 dB apart on this model, so 35 dB is a small error)."""
+    group = ActorGroup.start(GroupSpec("test-cache-u2", ulysses=2), timeout_s=120, cpus_per_rank=0.5)
+    try:
+        off = group.run(_request(job_id="cache-off", steps=8), timeout_s=180)
+        assert off["ok"] and off["cache"] is None
+        refs = [a.run.remote(vars(_request(job_id="cache-on", steps=8, cache="dbcache", cache_threshold=0.55)))
+                for a in group.actors]
+        ranks = ray.get(refs, timeout=180)
+        assert all(r["ok"] for r in ranks), ranks
+        stats = [r["cache"] for r in ranks]
+        assert stats[0] == stats[1], f"ranks disagreed: {stats}"
+        total = stats[0]["evaluations"] + stats[0]["skipped"]
+        assert stats[0]["skipped"] / total >= 0.30, stats
+        frames = next(r["frames"] for r in ranks if r["frames"] is not None)
+        assert _psnr(frames, off["frames"]) >= 35.0
+    finally:
+        group.teardown()
+
+
+@pytest.mark.parametrize("mode", ["model", "group", "sequential"])
+def test_offload_modes_give_the_same_frames_through_the_worker(reference, mode):
+    req = _request()
+    out = RankWorker(0, 1).run(_request(offload=mode))
+    assert out["ok"], out
+    assert float(np.abs(out["frames"] - reference(req)).max()) <= 1e-5

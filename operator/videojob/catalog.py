@@ -140,8 +140,10 @@ class ModelInfo:
 
 
 _DIT_CACHES = ("off", "auto", "fbcache", "dbcache")
-# ConsisID: diffusers' FirstBlockCache does not work as shipped (DESIGN.md).
-_CONSISID_CACHES = ("off", "auto", "dbcache")
+# ConsisID: diffusers' FirstBlockCache does not work as shipped (DESIGN.md), and
+# cache-dit's DBCache changes its output even at threshold 0 (it swaps the block
+# list while ConsisID applies face cross-attention by block index): no cache.
+_CONSISID_CACHES = ("off", "auto")
 _UNET_CACHES = ("off", "auto")
 
 _COGVIDEOX_FRAMES = FrameRule(step=8, offset=1, maximum=49)

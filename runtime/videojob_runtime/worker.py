@@ -87,6 +87,7 @@ class RankWorker:
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         collectives.install()  # before xfuser imports torch.distributed names
         self.pipe = None
+        self.cache = None  # StepCacheHandle when the job's plan has a step cache
         self.pipe_key: tuple | None = None
         self.loads = 0
         self.progress = Progress()
@@ -142,11 +143,15 @@ class RankWorker:
 
     def load(self, req: JobRequest) -> dict[str, Any]:
         """Build (or keep) the pipeline for this job; returns whether it was reused."""
-        key = (req.model_id, req.task, req.dtype, req.source, req.seed if req.model_id.startswith("tiny-") else None)
+        key = (req.model_id, req.task, req.dtype, req.source, req.seed if req.model_id.startswith("tiny-") else None,
+               req.offload, req.fp8_weights, req.cache, req.cache_threshold)
         if self.pipe_key == key:
             return {"reused": True, "load_seconds": 0.0}
         start = time.perf_counter()
+        self.pipe, self.cache = None, None
+        self._release_memory()
         self.pipe = self._build(req)
+        self.cache = self._apply_step_cache(req)
         self.pipe_key = key
         self.loads += 1
         return {"reused": False, "load_seconds": time.perf_counter() - start}
@@ -158,7 +163,11 @@ class RankWorker:
 
         family = get_model(req.model_id).family
         if self.world_size == 1:
-            return load_pipeline(req.model_id, req.task, req.dtype, req.source, req.seed)
+            return self._apply_memory_strategies(
+                load_pipeline(req.model_id, req.task, req.dtype, req.source, req.seed), req)
+        if req.offload != "none":
+            raise JobFailure(f"offload {req.offload!r} with sequence parallel is not supported by the runtime: "
+                             "plan it on one GPU, or with GPUs that fit it without offload", stage="load")
         from xfuser import xFuserArgs
 
         from .xfuser_cpu import attention_backend
@@ -173,7 +182,7 @@ class RankWorker:
             from xfuser import xFuserCogVideoXPipeline
 
             pipe = load_pipeline(req.model_id, req.task, req.dtype, req.source, req.seed)
-            return xFuserCogVideoXPipeline(pipe, engine_config)
+            return xFuserCogVideoXPipeline(self._apply_memory_strategies(pipe, req), engine_config)
         if family == Family.WAN:
             # xfuser 0.7.0 has no Wan pipeline wrapper: its Wan runner uses the
             # plain WanPipeline with xfuser's sequence-sharding transformer.
@@ -182,9 +191,44 @@ class RankWorker:
 
             pipe = load_pipeline(req.model_id, req.task, req.dtype, req.source, req.seed,
                                  transformer_class=xFuserWanTransformer3DWrapper)
+            self._apply_memory_strategies(pipe, req)
             initialize_runtime_state(pipe, engine_config)
             return pipe
         raise JobFailure(f"{req.model_id} cannot run sequence-parallel; plan it on one GPU", stage="load")
+
+    def _apply_memory_strategies(self, pipe, req: JobRequest):
+        """fp8 storage, then offload (placement on the device included)."""
+        from .strategies import Fp8Config, OffloadConfig, apply_fp8_storage, apply_offload
+
+        if req.fp8_weights:
+            apply_fp8_storage(pipe.transformer, Fp8Config(enabled=True), self._torch_dtype(req.dtype))
+        device = "cpu" if self.device == "cpu" else "cuda"
+        apply_offload(pipe, OffloadConfig(mode=req.offload, device=device, use_stream=device == "cuda"))
+        return pipe
+
+    def _apply_step_cache(self, req: JobRequest):
+        """cache-dit DBCache (or diffusers FBCache on one rank) on the denoiser.
+
+        Applied after offload placement and on xfuser's wrapped transformer:
+        xfuser calls its own forward, so a cache on the unwrapped module would
+        never run. Under sequence parallel cache-dit all-reduces its decision
+        statistics, so every rank skips the same steps."""
+        if req.cache == "off":
+            return None
+        from .stepcache import StepCacheConfig, apply_step_cache
+
+        return apply_step_cache(self.pipe, StepCacheConfig(policy=req.cache, threshold=req.cache_threshold,
+                                                           num_inference_steps=req.steps))
+
+    def _release_memory(self) -> None:
+        """Drop what the previous pipeline held before loading another."""
+        import gc
+
+        gc.collect()
+        if self.device != "cpu":
+            import torch
+
+            torch.cuda.empty_cache()
 
     # -- one job -----------------------------------------------------------
 
@@ -219,6 +263,7 @@ class RankWorker:
                 raise InjectedOOM("injected out of memory (load)")
             loaded = self.load(req)
             timings["load"] = loaded["load_seconds"]
+            self._prepare_job(req)
             tracker = self._memory_tracker(req.track_memory)
             counts_before = collectives.total()
             frames, stage_times = self._generate(req, tracker)
@@ -235,6 +280,7 @@ class RankWorker:
                 "peak_bytes": self._peak_bytes(tracker),
                 "timings": timings,
                 "frames": None,
+                "cache": self.cache.stats() if self.cache is not None else None,
             }
             if frames is not None:
                 result["frames_shape"] = list(frames.shape)
@@ -271,6 +317,15 @@ class RankWorker:
             else:
                 failure = JobFailure(f"{type(exc).__name__}: {exc}", stage=stage)
             return {"ok": False, "rank": self.rank, "error": failure.to_dict()}
+
+    def _prepare_job(self, req: JobRequest) -> None:
+        """Per-job settings on a warm pipeline: VAE tiling/slicing, a fresh cache context."""
+        from .strategies import VaeConfig, apply_vae
+
+        inner = getattr(self.pipe, "module", self.pipe)  # xfuser wraps the diffusers pipeline
+        apply_vae(inner, VaeConfig(tiling=req.vae_tiling, slicing=req.vae_slicing))
+        if self.cache is not None:
+            self.cache.refresh(req.steps, cfg=req.guidance > 1.0)
 
     def _memory_tracker(self, enabled: bool = True):
         """GPU: the allocator's peak. CPU: live tensor bytes plus the resident weights."""

@@ -202,11 +202,14 @@ def enumerate_layouts(request: Request, inventory: Inventory, offloads: list[str
     limit = min(request.max_gpus, inventory.gpus_per_node)
     offloads = allowed_offloads(request) if offloads is None else offloads
     triples = list(degree_triples(request, limit))
+    # The runtime offloads only single-rank jobs (offload under xfuser's
+    # sequence parallel is not supported there yet).
     return [
         Layout(ulysses=u, ring=r, cfg=c, offload=off, vae_tiling=tiling, cache=request.cache,
                fp8_weights=request.fp8_weights)
         for off in offloads
         for (u, r, c) in triples
+        if off == "none" or u * r * c == 1
         for tiling in (False, True)
     ]
 
