@@ -207,3 +207,44 @@ def test_offload_modes_give_the_same_frames_through_the_worker(reference, mode):
     out = RankWorker(0, 1).run(_request(offload=mode))
     assert out["ok"], out
     assert float(np.abs(out["frames"] - reference(req)).max()) <= 1e-5
+
+
+@pytest.fixture(scope="module")
+def face_inputs(tmp_path_factory):
+    """A face image and its precomputed ConsisID embeddings (no face models needed)."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("inputs")
+    rng = np.random.default_rng(0)
+    image = root / "face.png"
+    Image.fromarray((rng.random((64, 64, 3)) * 255).astype("uint8")).save(image)
+    np.savez(str(image) + ".npz", id_cond=rng.standard_normal((1, 16)).astype("float32"),
+             id_vit_hidden_0=rng.standard_normal((1, 5, 32)).astype("float32"),
+             id_vit_hidden_1=rng.standard_normal((1, 5, 32)).astype("float32"))
+    return image
+
+
+def test_cogvideox_image_to_video(face_inputs):
+    out = RankWorker(0, 1).run(_request("tiny-cogvideox-i2v", task="i2v", image=str(face_inputs)))
+    assert out["ok"], out
+    assert out["frames"].shape == (9, 64, 64, 3)
+    missing = RankWorker(0, 1).run(_request("tiny-cogvideox-i2v", task="i2v", image="/nonexistent.png"))
+    assert missing["error"]["stage"] == "inputs" and "not found" in missing["error"]["message"]
+
+
+def test_consisid_identity_ulysses2_matches_diffusers(local_ray, reference, face_inputs):
+    group = ActorGroup.start(GroupSpec("test-consisid-u2", ulysses=2), timeout_s=120, cpus_per_rank=0.5)
+    try:
+        req = _request("tiny-consisid", task="identity", face_image=str(face_inputs))
+        _assert_equivalent(group.run(req, timeout_s=180), reference(req))
+    finally:
+        group.teardown()
+
+
+def test_consisid_without_embeddings_says_what_to_do(tmp_path):
+    from PIL import Image
+
+    face = tmp_path / "face.png"
+    Image.fromarray(np.zeros((64, 64, 3), dtype="uint8")).save(face)
+    out = RankWorker(0, 1).run(_request("tiny-consisid", task="identity", face_image=str(face)))
+    assert not out["ok"] and "precomputed face embeddings" in out["error"]["message"]

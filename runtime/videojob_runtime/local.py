@@ -44,6 +44,8 @@ def job_request(job: VideoJob, layout_json: dict[str, Any], out_dir: Path | None
         task=spec.effective_task,
         prompt=spec.prompt,
         negative_prompt=spec.negative_prompt,
+        image=spec.image,
+        face_image=spec.face_image,
         width=spec.video.width,
         height=spec.video.height,
         frames=spec.video.frames,

@@ -41,6 +41,8 @@ class JobRequest:
     dtype: str = "float32"
     source: str | None = None
     negative_prompt: str = ""
+    image: str | None = None  # i2v conditioning image uri
+    face_image: str | None = None  # identity (ConsisID): face image uri, embeddings at <uri>.npz
     offload: str = "none"
     vae_tiling: bool = False
     vae_slicing: bool = False
@@ -178,11 +180,16 @@ class RankWorker:
             height=req.height, width=req.width, num_frames=req.frames, num_inference_steps=req.steps,
         ).create_config()
         engine_config.runtime_config.dtype = self._torch_dtype(req.dtype)
-        if family in (Family.COGVIDEOX, Family.CONSISID):
+        if family == Family.COGVIDEOX and req.task == "t2v":
             from xfuser import xFuserCogVideoXPipeline
 
             pipe = load_pipeline(req.model_id, req.task, req.dtype, req.source, req.seed)
             return xFuserCogVideoXPipeline(self._apply_memory_strategies(pipe, req), engine_config)
+        if family == Family.CONSISID:
+            from xfuser import xFuserConsisIDPipeline
+
+            pipe = load_pipeline(req.model_id, req.task, req.dtype, req.source, req.seed)
+            return xFuserConsisIDPipeline(self._apply_memory_strategies(pipe, req), engine_config)
         if family == Family.WAN:
             # xfuser 0.7.0 has no Wan pipeline wrapper: its Wan runner uses the
             # plain WanPipeline with xfuser's sequence-sharding transformer.
@@ -360,6 +367,22 @@ class RankWorker:
             components = getattr(getattr(self.pipe, "module", None), "components", {})
         return [m for m in components.values() if isinstance(m, torch.nn.Module)]
 
+    def _conditioning(self, req: JobRequest) -> dict[str, Any]:
+        """The task's extra pipeline inputs: an image (i2v), a face and its embeddings (identity)."""
+        from .inputs import load_face_embeddings, load_image
+
+        if req.task == "i2v":
+            if not req.image:
+                raise JobFailure("task i2v needs spec.image", stage="inputs")
+            return {"image": load_image(req.image, req.width, req.height)}
+        if req.task == "identity":
+            if not req.face_image:
+                raise JobFailure("task identity needs spec.faceImage", stage="inputs")
+            id_cond, id_vit_hidden = load_face_embeddings(req.face_image, self._torch_dtype(req.dtype))
+            return {"image": load_image(req.face_image, req.width, req.height), "id_cond": id_cond,
+                    "id_vit_hidden": id_vit_hidden}
+        return {}
+
     def _generate(self, req: JobRequest, tracker):
         """Call the pipeline; stage times come from the step callbacks."""
         import contextlib
@@ -392,6 +415,7 @@ class RankWorker:
                       generator=generator, output_type="np", callback_on_step_end=on_step_end)
         if req.model_id.startswith("tiny-"):
             kwargs["max_sequence_length"] = 16
+        kwargs.update(self._conditioning(req))
         start = time.perf_counter()
         with torch.inference_mode(), (tracker if tracker is not None else contextlib.nullcontext()):
             output = self.pipe(**kwargs)
