@@ -248,3 +248,27 @@ def test_consisid_without_embeddings_says_what_to_do(tmp_path):
     Image.fromarray(np.zeros((64, 64, 3), dtype="uint8")).save(face)
     out = RankWorker(0, 1).run(_request("tiny-consisid", task="identity", face_image=str(face)))
     assert not out["ok"] and "precomputed face embeddings" in out["error"]["message"]
+
+
+def test_real_model_loads_from_a_local_source_and_the_offline_hub_cache(tmp_path, monkeypatch):
+    """The loading path of real models, with saved tiny weights standing in:
+    spec.model.source local://..., and the catalog's hub id from an offline cache."""
+    import shutil
+
+    from videojob_runtime.pipelines import build_tiny_pipeline
+
+    saved = tmp_path / "models" / "cogvideox-2b"
+    build_tiny_pipeline("tiny-cogvideox", "t2v", "float32", seed=3).save_pretrained(saved)
+    monkeypatch.setenv("VIDEOJOB_MODEL_ROOT", str(tmp_path / "models"))
+    req = _request("cogvideox-2b", source="local://cogvideox-2b", steps=2)
+    local = RankWorker(0, 1).run(req)
+    assert local["ok"], local
+
+    repo = tmp_path / "hub" / "models--THUDM--CogVideoX-2b"
+    shutil.copytree(saved, repo / "snapshots" / "0123abcd")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    hub = RankWorker(0, 1).run(_request("cogvideox-2b", steps=2))
+    assert hub["ok"], hub
+    assert float(np.abs(hub["frames"] - local["frames"]).max()) == 0.0
