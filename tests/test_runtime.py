@@ -117,9 +117,12 @@ def test_injected_oom_is_structured(ulysses_group):
 
 def test_progress_while_running_and_cancel_between_steps(ulysses_group):
     refs = [a.run.remote(vars(_request(job_id="long", steps=400))) for a in ulysses_group.actors]
-    progress = wait_for("the long job to pass step 2", lambda: (p := ulysses_group.progress())["step"] >= 2 and p,
-                        timeout=120)
-    assert progress["job_id"] == "long" and progress["steps"] == 400 and 0 < progress["percent"] < 100
+    progress = wait_for(
+        "the long job to pass step 2",
+        lambda: (p := ulysses_group.progress())["job_id"] == "long" and p["step"] >= 2 and p,
+        timeout=120,
+    )
+    assert progress["steps"] == 400 and 0 < progress["percent"] < 100
     ulysses_group.cancel()
     results = ray.get(refs, timeout=120)
     steps = {r["error"].get("step") for r in results}

@@ -503,6 +503,92 @@ _TINY_WAN_VAE = {
     "latents_std": [1.0] * 4,
 }
 
+# Tiny UNet layouts (native 64x64, 8 frames). CLIP towers share one width
+# (32): the UNet's cross-attention dim is the text hidden size and the image
+# encoder's projection. Prompts pad to 16 tokens, as the tiny DiTs' do.
+_TINY_CLIP_TEXT = {
+    "vocab_size": 256,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "projection_dim": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 16,
+    "hidden_act": "gelu",
+    "layer_norm_eps": 1e-5,
+    "pad_token_id": 1,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+}
+_TINY_CLIP_VISION = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "projection_dim": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_channels": 3,
+    "image_size": 32,
+    "patch_size": 8,
+    "hidden_act": "gelu",
+    "layer_norm_eps": 1e-5,
+}
+# KL-f8 like SD's (four blocks, three downsamplings), narrow.
+_TINY_SD_VAE = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "block_out_channels": [8, 8, 16, 16],
+    "layers_per_block": 1,
+    "act_fn": "silu",
+    "latent_channels": 4,
+    "norm_num_groups": 4,
+    "sample_size": 64,
+    "scaling_factor": 0.18215,
+}
+_TINY_I2VGEN_XL_UNET = {
+    "sample_size": 8,
+    "in_channels": 4,
+    "out_channels": 4,
+    "down_block_types": ["CrossAttnDownBlock3D", "DownBlock3D"],
+    "up_block_types": ["UpBlock3D", "CrossAttnUpBlock3D"],
+    "block_out_channels": [32, 64],
+    "layers_per_block": 1,
+    "norm_num_groups": 4,
+    "cross_attention_dim": 32,
+    "attention_head_dim": 4,  # I2VGenXLUNet reads it as the head count (as the real config does)
+    "num_attention_heads": None,
+}
+_TINY_SD_UNET = {
+    "sample_size": 8,
+    "in_channels": 4,
+    "out_channels": 4,
+    "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
+    "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"],
+    "block_out_channels": [32, 64],
+    "layers_per_block": 1,
+    "downsample_padding": 1,
+    "mid_block_scale_factor": 1,
+    "act_fn": "silu",
+    "norm_num_groups": 4,
+    "norm_eps": 1e-5,
+    "cross_attention_dim": 32,
+    "attention_head_dim": 4,
+    "center_input_sample": False,
+    "flip_sin_to_cos": True,
+    "freq_shift": 0,
+}
+_TINY_MOTION_ADAPTER = {
+    "block_out_channels": [32, 64],
+    "motion_layers_per_block": 1,
+    "motion_mid_block_layers_per_block": 1,
+    "motion_num_attention_heads": 4,
+    "motion_norm_num_groups": 4,
+    "motion_max_seq_length": 32,
+    "use_motion_mid_block": True,
+    "conv_in_channels": None,
+}
+
 _TINY_SRC = "videojob tiny config (random weights, {layout} layout)"
 
 
@@ -590,6 +676,24 @@ def _registry() -> dict[str, dict[str, ComponentConfig]]:
                                        _TINY_SRC.format(layout="Wan 2.1")),
         "vae": ComponentConfig("AutoencoderKLWan", dict(_TINY_WAN_VAE),
                                _TINY_SRC.format(layout="Wan VAE")),
+    }
+    tiny_clip = ComponentConfig("CLIPTextModel", dict(_TINY_CLIP_TEXT), _TINY_SRC.format(layout="CLIP text"),
+                                "transformers")
+    tiny_sd_vae = ComponentConfig("AutoencoderKL", dict(_TINY_SD_VAE), _TINY_SRC.format(layout="SD VAE"))
+    reg["tiny-i2vgen-xl"] = {
+        "text_encoder": tiny_clip,
+        "image_encoder": ComponentConfig("CLIPVisionModelWithProjection", dict(_TINY_CLIP_VISION),
+                                         _TINY_SRC.format(layout="CLIP vision"), "transformers"),
+        "unet": ComponentConfig("I2VGenXLUNet", dict(_TINY_I2VGEN_XL_UNET), _TINY_SRC.format(layout="I2VGen-XL UNet")),
+        "vae": tiny_sd_vae,
+    }
+    # The UNetMotionModel AnimateDiffPipeline would build from a UNet2D and a
+    # motion adapter; the tiny pipeline is given it directly (no separate adapter).
+    reg["tiny-animatediff"] = {
+        "text_encoder": tiny_clip,
+        "unet": ComponentConfig("UNetMotionModel", unet_motion_config(_TINY_SD_UNET, _TINY_MOTION_ADAPTER),
+                                _TINY_SRC.format(layout="SD 1.5 UNet + motion adapter, as UNetMotionModel")),
+        "vae": tiny_sd_vae,
     }
     return reg
 

@@ -14,6 +14,7 @@ import datetime
 import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -71,6 +72,44 @@ class Progress:
     @property
     def percent(self) -> int:
         return int(100 * self.step / self.steps) if self.steps else 0
+
+
+def _call_parameters(pipe) -> set[str]:
+    """The named keyword arguments ``pipe(...)`` accepts. An xfuser wrapper
+    taking ``**kwargs`` forwards them: the pipeline it wraps decides. (A
+    diffusers pipeline's own ``**kwargs`` only takes deprecated callbacks.)"""
+    import inspect
+
+    params = inspect.signature(type(pipe).__call__).parameters
+    inner = getattr(pipe, "module", None)
+    if inner is not None and inner is not pipe and any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return _call_parameters(inner)
+    return {name for name, p in params.items()
+            if name != "self" and p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)}
+
+
+@contextmanager
+def _scheduler_step_callback(pipe, on_step_end):
+    """Call ``on_step_end(pipe, index, timestep, {})`` after every ``scheduler.step``
+    of the denoising loop (one per step), for pipelines without
+    ``callback_on_step_end``; the scheduler is restored afterwards."""
+    scheduler = pipe.scheduler
+    original = scheduler.step
+    count = [0]
+
+    def step(model_output, timestep, *args, **kwargs):
+        out = original(model_output, timestep, *args, **kwargs)
+        index = count[0]
+        count[0] += 1
+        on_step_end(pipe, index, timestep, {})
+        return out
+
+    scheduler.step = step
+    try:
+        yield
+    finally:
+        del scheduler.step  # the instance attribute; the class method shows again
 
 
 class RankWorker:
@@ -208,7 +247,8 @@ class RankWorker:
         from .strategies import Fp8Config, OffloadConfig, apply_fp8_storage, apply_offload
 
         if req.fp8_weights:
-            apply_fp8_storage(pipe.transformer, Fp8Config(enabled=True), self._torch_dtype(req.dtype))
+            denoiser = getattr(pipe, "transformer", None) or pipe.unet
+            apply_fp8_storage(denoiser, Fp8Config(enabled=True), self._torch_dtype(req.dtype))
         device = "cpu" if self.device == "cpu" else "cuda"
         apply_offload(pipe, OffloadConfig(mode=req.offload, device=device, use_stream=device == "cuda"))
         return pipe
@@ -410,14 +450,27 @@ class RankWorker:
             return {}
 
         generator = torch.Generator(device="cpu").manual_seed(req.seed)
+        # Some pipelines also draw from the global RNG (I2VGen-XL samples the image
+        # latents without the generator): seed it too, or a warm pipeline's second
+        # job would differ from its first.
+        torch.manual_seed(req.seed)
         kwargs = dict(prompt=req.prompt, negative_prompt=req.negative_prompt, height=req.height, width=req.width,
                       num_frames=req.frames, num_inference_steps=req.steps, guidance_scale=req.guidance,
                       generator=generator, output_type="np", callback_on_step_end=on_step_end)
         if req.model_id.startswith("tiny-"):
             kwargs["max_sequence_length"] = 16
+        kwargs["target_fps"] = req.fps  # I2VGen-XL conditions on the frame rate
         kwargs.update(self._conditioning(req))
+        # Drop what this pipeline does not take (UNet pipelines: max_sequence_length;
+        # all but I2VGen-XL: target_fps).
+        accepted = _call_parameters(self.pipe)
+        kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+        step_hook = contextlib.nullcontext()
+        if "callback_on_step_end" not in kwargs:
+            # I2VGenXLPipeline has no step callback: run it after each scheduler step.
+            step_hook = _scheduler_step_callback(getattr(self.pipe, "module", self.pipe), on_step_end)
         start = time.perf_counter()
-        with torch.inference_mode(), (tracker if tracker is not None else contextlib.nullcontext()):
+        with torch.inference_mode(), (tracker if tracker is not None else contextlib.nullcontext()), step_hook:
             output = self.pipe(**kwargs)
         end = time.perf_counter()
         frames = output.frames[0] if output.frames is not None else None

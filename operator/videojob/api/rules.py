@@ -254,13 +254,14 @@ def _parallel_rules() -> list[SpecRule]:
             p = spec.parallel
             if p is None or spec.model.name not in unets or getattr(p, degree) == 1:
                 return None
-            return f"{spec.model.name} is a UNet model and runs on one GPU: set parallel.{degree} to 1"
+            return (f"{spec.model.name} runs on one GPU (xfuser has no parallel pipeline for it): "
+                    f"set parallel.{degree} to 1")
 
         rules.append(
             SpecRule(
                 field=f"parallel.{degree}",
                 cel=_when(f"parallel.{degree}", unets, f"self.parallel.{degree} == 1"),
-                cel_message=f"self.model.name + ' is a UNet model and runs on one GPU: set parallel.{degree} to 1'",
+                cel_message=f"self.model.name + ' runs on one GPU (xfuser has no parallel pipeline for it): set parallel.{degree} to 1'",
                 check=single,
             )
         )

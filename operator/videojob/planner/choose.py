@@ -178,7 +178,7 @@ def layout_problem(job: Job, ulysses: int, ring: int, cfg: int) -> str | None:
     model, arch = job.model, job.model.arch
     sp = ulysses * ring
     if not model.sequence_parallel and (sp > 1 or cfg > 1):
-        return f"{model.id} is a UNet model and runs on one GPU"
+        return f"{model.id} runs on one GPU (xfuser has no parallel pipeline for it)"
     if model.attention_heads % ulysses:
         return f"ulysses {ulysses} does not divide the {model.attention_heads} attention heads"
     if cfg > 1 and (job.guidance <= 1.0 or not model.cfg_parallel):
