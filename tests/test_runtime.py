@@ -275,3 +275,10 @@ def test_real_model_loads_from_a_local_source_and_the_offline_hub_cache(tmp_path
     hub = RankWorker(0, 1).run(_request("cogvideox-2b", steps=2))
     assert hub["ok"], hub
     assert float(np.abs(hub["frames"] - local["frames"]).max()) == 0.0
+
+
+def test_pack_strategy_follows_node_capacity(local_ray):
+    from videojob_runtime.group import pack_strategy
+
+    assert pack_strategy([{"CPU": 0.5}, {"CPU": 0.5}]) == "STRICT_PACK"
+    assert pack_strategy([{"CPU": 1.0}] * 64) == "PACK"  # more than this node has

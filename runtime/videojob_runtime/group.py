@@ -51,6 +51,16 @@ class RankActor:
         self.worker.shutdown()
 
 
+def pack_strategy(bundles: list[dict[str, float]]) -> str:
+    """STRICT_PACK when one node can hold every bundle (the usual case: one pod
+    per job), else PACK, which lets Ray spill to a second node."""
+    needed = {key: sum(b.get(key, 0.0) for b in bundles) for key in bundles[0]}
+    for node in ray.nodes():
+        if node.get("Alive") and all(node["Resources"].get(k, 0.0) >= v for k, v in needed.items()):
+            return "STRICT_PACK"
+    return "PACK"
+
+
 @dataclass(frozen=True)
 class GroupSpec:
     name: str
@@ -80,8 +90,7 @@ class ActorGroup:
         else:
             bundles = [{"GPU": 1, "CPU": 1} for _ in range(world)]
             actor_resources = {"num_gpus": 1, "num_cpus": 1}
-        # One pod holds a whole job (DESIGN.md): all ranks on one node.
-        pg = placement_group(bundles, strategy="STRICT_PACK", name=f"{spec.name}-pg", lifetime="detached")
+        pg = placement_group(bundles, strategy=pack_strategy(bundles), name=f"{spec.name}-pg", lifetime="detached")
         try:
             ray.get(pg.ready(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:

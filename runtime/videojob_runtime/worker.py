@@ -407,6 +407,28 @@ class RankWorker:
             components = getattr(getattr(self.pipe, "module", None), "components", {})
         return [m for m in components.values() if isinstance(m, torch.nn.Module)]
 
+    def _encode_and_release(self, req: JobRequest, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Encode the prompt, then park the text encoder on the host for the rest
+        of the job (the planner counts it only in the encode stage). It comes
+        back to the GPU for the next job's prompt. DiT pipelines only: the UNet
+        pipelines' encode_prompt depends on state set inside their __call__."""
+        import torch
+
+        from .strategies import TextEncoderConfig, encode_and_release
+
+        inner = getattr(self.pipe, "module", self.pipe)
+        if getattr(inner, "text_encoder", None) is None or getattr(inner, "transformer", None) is None:
+            return kwargs
+        device = torch.device("cpu" if self.device == "cpu" else "cuda")
+        inner.text_encoder.to(device)
+        with torch.inference_mode():
+            embeds = encode_and_release(
+                inner, TextEncoderConfig(release="cpu"), kwargs.pop("prompt"), kwargs.pop("negative_prompt", None),
+                do_classifier_free_guidance=req.guidance > 1.0,
+                max_sequence_length=kwargs.get("max_sequence_length", 226), device=device,
+            )
+        return {**kwargs, **embeds.pipeline_kwargs()}
+
     def _conditioning(self, req: JobRequest) -> dict[str, Any]:
         """The task's extra pipeline inputs: an image (i2v), a face and its embeddings (identity)."""
         from .inputs import load_face_embeddings, load_image
@@ -465,6 +487,8 @@ class RankWorker:
         # all but I2VGen-XL: target_fps).
         accepted = _call_parameters(self.pipe)
         kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+        if req.offload == "none" and "prompt_embeds" in accepted:
+            kwargs = self._encode_and_release(req, kwargs)
         step_hook = contextlib.nullcontext()
         if "callback_on_step_end" not in kwargs:
             # I2VGenXLPipeline has no step callback: run it after each scheduler step.
