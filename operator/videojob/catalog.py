@@ -139,11 +139,12 @@ class ModelInfo:
         return self.attention_heads if self.sequence_parallel else 1
 
 
-_DIT_CACHES = ("off", "auto", "fbcache", "dbcache")
+_DIT_CACHES = ("off", "auto", "fbcache", "dbcache", "teacache")
 # ConsisID: diffusers' FirstBlockCache does not work as shipped (DESIGN.md), and
 # cache-dit's DBCache changes its output even at threshold 0 (it swaps the block
-# list while ConsisID applies face cross-attention by block index): no cache.
-_CONSISID_CACHES = ("off", "auto")
+# list while ConsisID applies face cross-attention by block index): only the
+# TeaCache-style cache, which never enters the transformer (runtime/teacache.py).
+_CONSISID_CACHES = ("off", "auto", "teacache")
 _UNET_CACHES = ("off", "auto")
 
 _COGVIDEOX_FRAMES = FrameRule(step=8, offset=1, maximum=49)

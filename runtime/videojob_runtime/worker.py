@@ -262,6 +262,11 @@ class RankWorker:
         statistics, so every rank skips the same steps."""
         if req.cache == "off":
             return None
+        if req.cache == "teacache":
+            from .teacache import DEFAULT_THRESHOLD, TeaCacheConfig, apply_teacache
+
+            inner = getattr(self.pipe, "module", self.pipe)
+            return apply_teacache(inner.transformer, TeaCacheConfig(threshold=req.cache_threshold or DEFAULT_THRESHOLD))
         from .stepcache import StepCacheConfig, apply_step_cache
 
         return apply_step_cache(self.pipe, StepCacheConfig(policy=req.cache, threshold=req.cache_threshold,
