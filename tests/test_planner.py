@@ -252,3 +252,9 @@ def test_text_encoder_freed_after_encoding_without_offload():
     assert "text_encoder" not in stages["denoise"] and "text_encoder" not in stages["decode"]
     kept = estimate_memory(CAL.model("cogvideox-5b"), job, Layout(free_text_encoder=False)).stages
     assert "text_encoder" in kept["decode"]
+
+
+def test_fbcache_keeps_the_job_on_one_gpu():
+    spec = parse_spec({"model": {"name": "cogvideox-5b"}, "prompt": "x", "cache": {"policy": "fbcache"}})
+    result = plan_spec(spec, Inventory(gpu_memory=80 * GiB, gpus_per_node=8))
+    assert {a.layout.gpus for a in result.alternatives} == {1}

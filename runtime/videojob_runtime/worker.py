@@ -369,6 +369,8 @@ class RankWorker:
             else:
                 failure = JobFailure(f"{type(exc).__name__}: {exc}", stage=stage)
             return {"ok": False, "rank": self.rank, "error": failure.to_dict()}
+        finally:
+            self._release_memory()  # the next job starts from the weights alone
 
     def _prepare_job(self, req: JobRequest) -> None:
         """Per-job settings on a warm pipeline: VAE tiling/slicing, a fresh cache context."""

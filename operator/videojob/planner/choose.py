@@ -169,14 +169,16 @@ def degree_triples(request: Request, limit: int) -> Iterable[tuple[int, int, int
         (u, r, c) for c in (1, 2) for u in range(1, limit + 1) for r in range(1, limit + 1) if u * r * c <= limit
     ]
     for ulysses, ring, cfg in candidates:
-        if layout_problem(job, ulysses, ring, cfg) is None:
+        if layout_problem(job, ulysses, ring, cfg, request.cache) is None:
             yield (ulysses, ring, cfg)
 
 
-def layout_problem(job: Job, ulysses: int, ring: int, cfg: int) -> str | None:
+def layout_problem(job: Job, ulysses: int, ring: int, cfg: int, cache: str = "off") -> str | None:
     """Why these degrees cannot run this job (None when they can)."""
     model, arch = job.model, job.model.arch
     sp = ulysses * ring
+    if cache == "fbcache" and sp * cfg > 1:
+        return "fbcache decides per rank (ranks would disagree): use dbcache or teacache on several GPUs"
     if not model.sequence_parallel and (sp > 1 or cfg > 1):
         return f"{model.id} runs on one GPU (xfuser has no parallel pipeline for it)"
     if model.attention_heads % ulysses:
@@ -270,7 +272,8 @@ def _no_fit_reason(request: Request, inventory: Inventory, calibration: Calibrat
     if not alternatives:
         if request.parallel:
             u, r, c = request.parallel
-            return f"parallel ulysses {u} x ring {r} x cfg {c} cannot run this job: {layout_problem(job, u, r, c)}"
+            problem = layout_problem(job, u, r, c, request.cache)
+            return f"parallel ulysses {u} x ring {r} x cfg {c} cannot run this job: {problem}"
         return "no parallel layout is valid for this model and size"
     smallest = min(alternatives, key=lambda a: a.need)
     head = (
