@@ -316,3 +316,16 @@ def test_teacache_config_rejects_bad_values(kwargs, field):
 
     with pytest.raises(ValueError, match=field):
         TeaCacheConfig(**kwargs)
+
+
+def test_uri_locations(monkeypatch):
+    from videojob_runtime.locations import local_path
+    from videojob_runtime.output import resolve_location
+
+    monkeypatch.setenv("VIDEOJOB_OUTPUT_ROOT", "/data/out")
+    monkeypatch.setenv("VIDEOJOB_VOLUMES_ROOT", "/mnt/vols")
+    assert str(resolve_location("local://videos/job")) == "/data/out/videos/job"
+    assert str(resolve_location("pvc://claim-a/videos/job")) == "/mnt/vols/claim-a/videos/job"
+    assert str(local_path("some/dir", "X", "/unused")) == "some/dir"
+    with pytest.raises(ValueError, match="unsupported scheme"):
+        local_path("s3://bucket/key", "X", "/unused")

@@ -10,22 +10,17 @@ per LFE scale), so tests and CPU runs need no face models.
 
 from __future__ import annotations
 
-import os
 import tempfile
 import urllib.request
 from pathlib import Path
 
 from .errors import JobFailure
+from .locations import local_path
 
 DEFAULT_DATA_ROOT = "/var/lib/videojob/inputs"
 
 
 def resolve_input(uri: str) -> Path:
-    if uri.startswith("local://"):
-        return Path(os.environ.get("VIDEOJOB_DATA_ROOT", DEFAULT_DATA_ROOT)) / uri.removeprefix("local://")
-    if uri.startswith("pvc://"):
-        claim, _, sub = uri.removeprefix("pvc://").partition("/")
-        return Path(os.environ.get("VIDEOJOB_VOLUMES_ROOT", "/mnt/videojob")) / claim / sub
     if uri.startswith(("https://", "http://")):
         target = Path(tempfile.mkdtemp(prefix="videojob-input-")) / Path(uri.split("?", 1)[0]).name
         try:
@@ -33,7 +28,7 @@ def resolve_input(uri: str) -> Path:
         except OSError as exc:
             raise JobFailure(f"could not fetch {uri}: {exc}", stage="inputs") from None
         return target
-    return Path(uri)
+    return local_path(uri, "VIDEOJOB_DATA_ROOT", DEFAULT_DATA_ROOT)
 
 
 def load_image(uri: str, width: int, height: int):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -19,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from .locations import local_path
+
 DEFAULT_OUTPUT_ROOT = "/var/lib/videojob/outputs"
-DEFAULT_VOLUMES_ROOT = "/mnt/videojob"
 
 
 @dataclass(frozen=True)
@@ -33,14 +33,7 @@ class WrittenOutput:
 
 def resolve_location(uri: str) -> Path:
     """The local directory behind an output uri (already validated by the API)."""
-    if uri.startswith("local://"):
-        return Path(os.environ.get("VIDEOJOB_OUTPUT_ROOT", DEFAULT_OUTPUT_ROOT)) / uri.removeprefix("local://")
-    if uri.startswith("pvc://"):
-        claim, _, sub = uri.removeprefix("pvc://").partition("/")
-        return Path(os.environ.get("VIDEOJOB_VOLUMES_ROOT", DEFAULT_VOLUMES_ROOT)) / claim / sub
-    if "://" in uri:
-        raise ValueError(f"output uri {uri!r}: unsupported scheme; use local:// or pvc://")
-    return Path(uri)
+    return local_path(uri, "VIDEOJOB_OUTPUT_ROOT", DEFAULT_OUTPUT_ROOT)
 
 
 def even_crop(frames: np.ndarray) -> np.ndarray:

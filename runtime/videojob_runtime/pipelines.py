@@ -20,6 +20,7 @@ from videojob.catalog import Family, get_model
 
 from .configs import build_component
 from .errors import ModelSourceMissing
+from .locations import local_path
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -197,13 +198,7 @@ def resolve_source(model_id: str, source: str | None) -> Path:
                 f"pre-download it there, or set spec.model.source to pvc://CLAIM/path or local://path ({exc})",
                 stage="load",
             ) from None
-    if uri.startswith("local://"):
-        path = Path(os.environ.get("VIDEOJOB_MODEL_ROOT", "/var/lib/videojob/models")) / uri.removeprefix("local://")
-    elif uri.startswith("pvc://"):
-        claim, _, sub = uri.removeprefix("pvc://").partition("/")
-        path = Path(os.environ.get("VIDEOJOB_VOLUMES_ROOT", "/mnt/videojob")) / claim / sub
-    else:
-        path = Path(uri)
+    path = local_path(uri, "VIDEOJOB_MODEL_ROOT", "/var/lib/videojob/models")
     if not (path / "model_index.json").exists():
         raise ModelSourceMissing(
             f"no diffusers model at {path} (model_index.json missing): check spec.model.source "
