@@ -70,6 +70,7 @@ demo-cluster: venv cluster-up
 bench: venv
 	$(PY) benchmarks/planner_bench.py
 	OMP_NUM_THREADS=1 $(PY) benchmarks/runtime_bench.py
+	$(PY) benchmarks/mp4_bench.py
 
 # On a GPU machine: CogVideoX-5b full size (random weights), each offload mode,
 # measured vs planned -> benchmarks/results/gpu-*.json. gpu-check-dry-run runs the

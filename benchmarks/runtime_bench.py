@@ -22,9 +22,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-import ray  # noqa: E402
-
 from machine import describe  # noqa: E402
+from videojob_runtime.local import embedded_ray  # noqa: E402
 from videojob_runtime.group import ActorGroup, GroupSpec  # noqa: E402
 from videojob_runtime.worker import JobRequest, RankWorker  # noqa: E402
 
@@ -65,12 +64,12 @@ def main() -> int:
     direct_s, direct_all = median_seconds(direct)
 
     ray_start = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="videojob",
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    ray_context = embedded_ray(num_cpus=2)  # hermetic: its own temp dir, never a cluster found on the machine
+    ray_context.__enter__()
     ray_s = time.perf_counter() - ray_start
 
     cold_start = time.perf_counter()
-    group = ActorGroup.start(GroupSpec("bench-1", ulysses=1))
+    group = ActorGroup.start(GroupSpec("vj-bench-1", ulysses=1))
     first = group.run(JOB)
     cold_s = time.perf_counter() - cold_start
     assert first["ok"], first
@@ -125,7 +124,7 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "runtime.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k not in ("machine", "samples")}, indent=2))
-    ray.shutdown()
+    ray_context.__exit__(None, None, None)
     return 0
 
 

@@ -169,3 +169,31 @@ def namespace(kube_cluster: KubeCluster):
     yield name
     kube_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found",
                          check=False)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One embedded local Ray for every runtime test (its own temp dir and token:
+    nothing on the machine is attached to, and nothing is left behind)."""
+    pytest.importorskip("ray")
+    from videojob_runtime.local import embedded_ray
+
+    with embedded_ray(num_cpus=2) as info:
+        yield info
+
+
+@pytest.fixture(scope="session")
+def face_inputs(tmp_path_factory):
+    """A 64x64 image with precomputed ConsisID face embeddings beside it
+    (``<image>.npz``: no face models needed); also serves as an i2v image."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("inputs")
+    rng = np.random.default_rng(0)
+    image = root / "face.png"
+    Image.fromarray((rng.random((64, 64, 3)) * 255).astype("uint8")).save(image)
+    np.savez(str(image) + ".npz", id_cond=rng.standard_normal((1, 16)).astype("float32"),
+             id_vit_hidden_0=rng.standard_normal((1, 5, 32)).astype("float32"),
+             id_vit_hidden_1=rng.standard_normal((1, 5, 32)).astype("float32"))
+    return image

@@ -258,3 +258,36 @@ def test_fbcache_keeps_the_job_on_one_gpu():
     spec = parse_spec({"model": {"name": "cogvideox-5b"}, "prompt": "x", "cache": {"policy": "fbcache"}})
     result = plan_spec(spec, Inventory(gpu_memory=80 * GiB, gpus_per_node=8))
     assert {a.layout.gpus for a in result.alternatives} == {1}
+
+
+def _memory_spec(memory: dict, **extra) -> dict:
+    return {"model": {"name": "cogvideox-5b"}, "prompt": "x", "memory": memory, **extra}
+
+
+def test_spec_memory_forces_the_strategy():
+    inventory = Inventory(gpu_memory=80 * GiB, gpus_per_node=1, host_memory=512 * GiB)
+    free = plan_spec(parse_spec(_memory_spec({})), inventory).chosen
+    forced = plan_spec(parse_spec(_memory_spec({"offload": "model", "vaeTiling": True, "vaeSlicing": True})),
+                       inventory).chosen
+    assert free.layout.offload == "none"
+    assert (forced.layout.offload, forced.layout.vae_tiling, forced.layout.vae_slicing) == ("model", True, True)
+    assert "VAE slicing" in forced.layout.summary()
+
+
+def test_a_forced_layout_that_does_not_fit_is_refused_with_the_reason():
+    inventory = Inventory(gpu_memory=16 * GiB, gpus_per_node=1, host_memory=512 * GiB)
+    result = plan_spec(parse_spec(_memory_spec({"offload": "none"})), inventory)
+    assert result.chosen is None
+    assert "needs" in result.reason and "remove the spec.memory override (offload: none)" in result.reason
+    assert plan_spec(parse_spec(_memory_spec({})), inventory).chosen is not None
+
+
+def test_spec_memory_rules_name_the_field():
+    from videojob.api import InvalidVideoJob
+
+    for memory, extra in (({"offload": "model"}, {"resources": {"allowOffload": False}}),
+                          ({"offload": "group"}, {"parallel": {"ulysses": 2}})):
+        with pytest.raises(InvalidVideoJob) as info:
+            parse_spec(_memory_spec(memory, **extra))
+        assert [p.field for p in info.value.problems] == ["spec.memory.offload"]
+    parse_spec(_memory_spec({"offload": "none"}, parallel={"ulysses": 2}))  # none is fine with parallel

@@ -96,3 +96,63 @@ def test_plan_tiny_animatediff_uses_one_gpu(gpus):
     assert proc.returncode == 0, proc.stderr
     chosen = json.loads(proc.stdout)["chosen"]
     assert chosen["gpus"] == 1 and chosen["ulysses"] == chosen["ring"] == chosen["cfg"] == 1, chosen
+
+
+def _save_hub_repo(hub, repo: str, save) -> None:
+    """A snapshot of ``repo`` in an offline hub cache, written by ``save(folder)``."""
+    folder = hub / ("models--" + repo.replace("/", "--"))
+    commit = "5eed" * 10
+    save(folder / "snapshots" / commit)
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+
+
+def test_animatediff_loads_from_its_real_layout(tmp_path, monkeypatch):
+    """A motion adapter repo plus a Stable Diffusion 1.5 base pipeline (the
+    catalog's hub ids, from the offline cache), as AnimateDiff is published;
+    and a saved AnimateDiffPipeline from a local source. Tiny random weights
+    stand in; the frames equal those of the same parts assembled in memory."""
+    import torch
+    from diffusers import AnimateDiffPipeline, DDIMScheduler, MotionAdapter, StableDiffusionPipeline, UNet2DConditionModel
+
+    from videojob.catalog import get_model
+    from videojob_runtime.configs import _TINY_MOTION_ADAPTER, _TINY_SD_UNET, build_component
+    from videojob_runtime.pipelines import _scheduler, clip_text_model_compat, tiny_clip_tokenizer
+
+    torch.manual_seed(0)
+    unet2d = UNet2DConditionModel(**_TINY_SD_UNET).eval()
+    adapter = MotionAdapter(**_TINY_MOTION_ADAPTER).eval()
+    parts = {name: build_component("tiny-animatediff", name, "float32").eval() for name in ("text_encoder", "vae")}
+    base = StableDiffusionPipeline(unet=unet2d, tokenizer=tiny_clip_tokenizer(), scheduler=_scheduler(
+        get_model("animatediff").family), safety_checker=None, feature_extractor=None,
+        requires_safety_checker=False, **parts)
+    hub = tmp_path / "hub"
+    _save_hub_repo(hub, get_model("animatediff").hub_id, adapter.save_pretrained)
+    _save_hub_repo(hub, get_model("animatediff").base_hub_id, base.save_pretrained)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+
+    req = dict(job_id="ad", model_id="animatediff", task="t2v", prompt="a small red boat", width=64, height=64,
+               frames=8, fps=8, steps=2, guidance=7.5, seed=3, frames_dtype="float32")
+    loaded = RankWorker(0, 1).run(JobRequest(**req))
+    assert loaded["ok"], loaded
+
+    expected_pipe = clip_text_model_compat(AnimateDiffPipeline(
+        unet=unet2d, motion_adapter=adapter, tokenizer=tiny_clip_tokenizer(), **parts,
+        scheduler=DDIMScheduler.from_config(base.scheduler.config, clip_sample=False, beta_schedule="linear",
+                                            timestep_spacing="linspace", steps_offset=1)))
+    expected_pipe.set_progress_bar_config(disable=True)
+    torch.manual_seed(3)
+    expected = expected_pipe(prompt="a small red boat", negative_prompt="", height=64, width=64, num_frames=8,
+                             num_inference_steps=2, guidance_scale=7.5, output_type="np",
+                             generator=torch.Generator().manual_seed(3)).frames[0]
+    assert float(np.abs(loaded["frames"] - expected).max()) <= 1e-5
+
+    saved = tmp_path / "models" / "animatediff-full"
+    expected_pipe.save_pretrained(saved)
+    monkeypatch.setenv("VIDEOJOB_MODEL_ROOT", str(tmp_path / "models"))
+    local = RankWorker(0, 1).run(JobRequest(**{**req, "source": "local://animatediff-full"}))
+    assert local["ok"], local
+    assert float(np.abs(local["frames"] - expected).max()) <= 1e-5
+
+    wrong = RankWorker(0, 1).run(JobRequest(**{**req, "source": "local://nowhere"}))
+    assert wrong["error"]["reason"] == "ModelSourceMissing" and "spec.model.source" in wrong["error"]["message"]

@@ -225,7 +225,7 @@ def test_consisid_is_refused():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"policy": "magic"}, "StepCacheConfig.policy must be one of"),
-    ({"policy": "teacache"}, "teacache is not implemented"),
+    ({"policy": "teacache"}, "teacache is teacache.apply_teacache"),
     ({"policy": "auto"}, "StepCacheConfig.policy 'auto'"),
     ({"policy": "dbcache", "threshold": -0.1}, "StepCacheConfig.threshold"),
     ({"policy": "dbcache", "threshold": float("nan")}, "StepCacheConfig.threshold"),
@@ -247,3 +247,25 @@ def test_defaults():
     assert StepCacheConfig("dbcache", num_inference_steps=8).resolved_warmup() == 1
     with pytest.raises(ValueError, match="apply_step_cache needs an object with a .transformer"):
         apply_step_cache(object(), StepCacheConfig("dbcache"))
+
+
+def test_block_layouts_agree_with_the_catalog():
+    """One fact, two readers: the catalog says which families call the denoiser
+    once per CFG branch; the step cache's block layouts must say the same."""
+    from videojob.catalog import CATALOG, Family
+    from videojob_runtime.stepcache import _LAYOUTS
+
+    block_of = {Family.COGVIDEOX: "CogVideoXBlock", Family.WAN: "WanTransformerBlock"}
+    for model in CATALOG.values():
+        if model.family in block_of:
+            assert _LAYOUTS[block_of[model.family]].separate_cfg == (not model.cfg_batched), model.id
+
+
+def test_parallel_pipelines_agree_with_the_catalog():
+    """Every (model, task) the catalog allows on several GPUs has an xfuser wiring, and no other."""
+    from videojob.catalog import CATALOG
+    from videojob_runtime.pipelines import runs_parallel
+
+    for model in CATALOG.values():
+        for task in model.tasks:
+            assert runs_parallel(model.id, task) == model.sequence_parallel, (model.id, task)

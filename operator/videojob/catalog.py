@@ -124,6 +124,10 @@ class ModelInfo:
     sp_split: str = "tokens"  # "tokens" or "height"
     cfg_parallel: bool = True
     sp_needs_guidance: bool = False
+    # With guidance, the pipeline batches the conditional and unconditional
+    # passes into one denoiser call per step (CogVideoX, ConsisID, the UNets);
+    # Wan's calls the denoiser twice per step, each at batch 1.
+    cfg_batched: bool = True
     # Learned positional embeddings pin the resolution (CogVideoX-5b-I2V).
     fixed_resolution: bool = False
     min_size: int = 64
@@ -132,7 +136,14 @@ class ModelInfo:
     sequence_parallel: bool = True
     tiny: bool = False
     hub_id: str | None = None
+    # Models shipped as an add-on to a base pipeline (AnimateDiff's motion
+    # adapter on Stable Diffusion 1.5): the base's hub id.
+    base_hub_id: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def denoiser_calls_per_step(self, guidance: float) -> int:
+        """Denoiser calls per step: 2 when guidance runs as a separate call."""
+        return 1 if self.cfg_batched or guidance <= 1.0 else 2
 
     @property
     def max_ulysses(self) -> int:
@@ -311,6 +322,7 @@ _MODELS: tuple[ModelInfo, ...] = (
             Component("vae", "AutoencoderKLWan", 126.9e6, "Wan-AI/Wan2.1-T2V-1.3B-Diffusers vae/config.json"),
         ),
         cfg_parallel=False,
+        cfg_batched=False,
     ),
     ModelInfo(
         id="wan2.1-t2v-14b",
@@ -336,6 +348,7 @@ _MODELS: tuple[ModelInfo, ...] = (
             Component("vae", "AutoencoderKLWan", 126.9e6, "Wan-AI/Wan2.1-T2V-1.3B-Diffusers vae/config.json"),
         ),
         cfg_parallel=False,
+        cfg_batched=False,
     ),
     ModelInfo(
         id="i2vgen-xl",
@@ -372,6 +385,7 @@ _MODELS: tuple[ModelInfo, ...] = (
             "guoyww/animatediff-motion-adapter-v1-5-2 config.json"
         ),
         hub_id="guoyww/animatediff-motion-adapter-v1-5-2",
+        base_hub_id="stable-diffusion-v1-5/stable-diffusion-v1-5",
         tasks=("t2v",),
         native_width=512,
         native_height=512,
@@ -489,6 +503,7 @@ _MODELS: tuple[ModelInfo, ...] = (
         max_size=256,
         tiny=True,
         cfg_parallel=False,
+        cfg_batched=False,
     ),
     ModelInfo(
         id="tiny-i2vgen-xl",

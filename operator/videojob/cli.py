@@ -16,6 +16,12 @@ import yaml
 from .api import InvalidVideoJob, Problem, parse_videojob
 from .crd import render_crd
 
+# Exit codes, one table for validate, plan and run (README "Exit codes").
+EXIT_OK = 0
+EXIT_BAD_INPUT = 1  # a file, flag or field is wrong; the message names it
+EXIT_JOB_FAILED = 2  # the job ran and failed, or could not be placed or finished (stage and reason printed)
+EXIT_DOES_NOT_FIT = 3  # no layout fits the GPUs (the reason names the smallest change that would)
+
 
 def _documents(path: Path) -> Iterator[tuple[str, object]]:
     """(label, document) for each YAML document in a file; problems as exceptions."""
@@ -54,8 +60,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         print(line)
     if not problems:
         print(f"{len(args.files)} file(s) valid")
-        return 0
-    return 1
+        return EXIT_OK
+    return EXIT_BAD_INPUT
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -125,13 +131,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                 raise InvalidVideoJob([Problem("--sweep", str(exc.args[0]))]) from None
             rows = sweep(args.sweep, inventory, steps=args.steps)
             print(json.dumps(rows, indent=2) if args.json else render_sweep(args.sweep, rows, inventory))
-            return 0
+            return EXIT_OK
         spec = _plan_spec_from_args(args)
     except (InvalidVideoJob, OSError, yaml.YAMLError) as exc:
         problems = exc.problems if isinstance(exc, InvalidVideoJob) else [Problem("(file)", str(exc))]
         for p in problems:
             print(f"{args.file or 'plan'}: {p.field}: {p.message}", file=sys.stderr)
-        return 1
+        return EXIT_BAD_INPUT
     request = request_from_spec(spec)
     if args.fp8_weights:
         request = replace(request, fp8_weights=True)
@@ -140,7 +146,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json(), indent=2))
     else:
         print(render_plan(spec, inventory, result, show_all=args.all))
-    return 0 if result.chosen else 3
+    return EXIT_OK if result.chosen else EXIT_DOES_NOT_FIT
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
@@ -149,7 +155,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         from videojob_runtime.profiling.calibrate import main as profile_main
     except ImportError as exc:
         print(f"profile: needs the runtime dependencies (pip install 'videojob[runtime]'): {exc}", file=sys.stderr)
-        return 1
+        return EXIT_BAD_INPUT
     argv = ["--out", args.out]
     if args.models:
         argv += ["--models", args.models]
@@ -185,6 +191,18 @@ def _progress_bar(progress: dict) -> None:
     sys.stderr.flush()
 
 
+def _log_to_file(path: Path) -> None:
+    """Full tracebacks and runtime logs go to a file; the terminal gets one line per failure."""
+    import logging
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, mode="w")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("videojob")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     try:
         docs = list(_documents(Path(args.file)))
@@ -195,21 +213,31 @@ def _cmd_run(args: argparse.Namespace) -> int:
         problems = exc.problems if isinstance(exc, InvalidVideoJob) else [Problem("(file)", str(exc))]
         for p in problems:
             print(f"{args.file}: {p.field}: {p.message}", file=sys.stderr)
-        return 1
+        return EXIT_BAD_INPUT
     try:
-        from videojob_runtime.local import run_local
+        from videojob_runtime.local import output_location, run_local
     except ImportError as exc:
         print(f"run: needs the runtime dependencies (pip install 'videojob[runtime]'): {exc}", file=sys.stderr)
-        return 1
-    out = Path(args.out)
-    result = run_local(job, out, on_progress=None if args.quiet else _progress_bar)
+        return EXIT_BAD_INPUT
+    from .settings import RunSettings
+
+    settings = RunSettings()
+    out = Path(args.out) if args.out else None
+    directory, where = output_location(job, out, settings)
+    log_path = directory / f"{job.name or 'video'}.log"
+    _log_to_file(log_path)
+    if not args.quiet:
+        print(f"output: {where}", file=sys.stderr)
+    result = run_local(job, out, on_progress=None if args.quiet else _progress_bar, settings=settings)
     if not args.quiet:
         sys.stderr.write("\n")
     if not result.get("ok"):
         error = result["error"]
-        print(f"{job.name}: failed in {error.get('stage') or 'run'}: {error['reason']}: {error['message']}",
+        where_failed = error.get("summary") or f"failed in {error.get('stage') or 'run'}"
+        print(f"{job.name}: {where_failed}: {error['reason']}: {error['message'].splitlines()[0]}", file=sys.stderr)
+        print(f"  details: {log_path}" + (f", {result['output']['result']}" if result.get("output") else ""),
               file=sys.stderr)
-        return 2
+        return result.get("exit", EXIT_JOB_FAILED)
     plan, timings = result["plan"], result["timings"]
     print(f"{job.name}: {result['output']['video']} ({result['output']['bytes']} bytes), "
           f"poster {result['output']['poster']}, result {result['output']['result']}")
@@ -218,7 +246,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
           + f"; wall {result['wall']['total']:.1f} (Ray start {result['wall']['ray']:.1f}, group {result['wall']['group']:.1f})")
     print(f"  memory: measured peak {result['measuredPeakGiB']:.3f} GiB per rank, planned {plan['peakGiBPerGPU']} GiB; "
           f"collectives per rank {result['collectives_per_rank']}")
-    return 0
+    print(f"  seed {result['seed']}, frames {result['frames_digest']}")
+    ray_info = result.get("ray") or {}
+    print(f"  ray: {'embedded local cluster' if ray_info.get('embedded') else 'cluster'} at {ray_info.get('address')}")
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -261,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="plan for this machine and run on embedded local Ray; writes OUT/NAME.mp4/.png/.json")
     run.add_argument("file", metavar="FILE")
-    run.add_argument("--out", default="out", help="output directory (default ./out)")
+    run.add_argument("--out", help="output directory; overrides spec.output.uri (default: spec.output.uri, "
+                                    "local:// under VIDEOJOB_OUTPUT_ROOT, default ./out)")
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override a spec field, e.g. --set parallel.ulysses=2 --set cache.policy=off")
     run.add_argument("--quiet", action="store_true", help="no progress bar")

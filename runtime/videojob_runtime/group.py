@@ -1,38 +1,74 @@
 """An actor group: N Ray actors (one per GPU, or per CPU slot) in one placement group.
 
-Groups are detached and named (``<name>-rank<i>`` in the ``videojob``
-namespace), so they outlive the process that made them: an operator that
-restarts re-attaches with ``ActorGroup.attach(name)``. Rank 0 picks the
-rendezvous port; every rank then joins torch.distributed (nccl on GPUs,
-gloo on a CPU) and xfuser's parallel groups for the layout.
+* One pod: the placement group is always STRICT_PACK. A group spread over
+  several nodes could never rendezvous the way xfuser runs it (and with an
+  autoscaler, PACK would let Ray launch N one-GPU pods for an N-GPU job).
+* Named after its owner: ``vj-<owner uid>[-<tag>]``; the placement group is
+  ``<group>-pg`` and the actors ``<group>-rank<i>``, detached, in namespace
+  ``videojob``. A restarted operator re-attaches by name (actors and
+  placement group), and a sweeper can find groups whose owner is gone.
+* Nothing leaks: every step of ``start`` runs under cleanup (placement group
+  not ready, an actor that fails to start, a rendezvous that fails), and
+  ``teardown`` removes the actors and the placement group whatever state
+  they are in.
+* Rank 0 binds the rendezvous on its node's IP (never 127.0.0.1, which only
+  works when every rank is on rank 0's machine).
+* A job where one rank fails: that rank aborts its process groups, so the
+  others fail within a second; ranks still running after a grace period are
+  killed. Unless the failure was agreed by all ranks (cancel) or refused
+  before the job began, the group is torn down: its communicator may be
+  broken. A rank whose actor died is reported as ``ActorDied`` with its rank.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from .worker import JobRequest, RankWorker
+from .request import JobRequest
+from .worker import RankWorker
 
 NAMESPACE = "videojob"
+GROUP_PREFIX = "vj-"
+log = logging.getLogger("videojob.runtime.group")
+
+
+class GroupStartError(RuntimeError):
+    """A group could not start; ``reason`` and ``stage`` say where (nothing was left behind)."""
+
+    def __init__(self, reason: str, stage: str, message: str):
+        super().__init__(message)
+        self.reason, self.stage, self.message = reason, stage, message
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason, "stage": self.stage, "message": self.message}
 
 
 @ray.remote(max_concurrency=4)
 class RankActor:
     """Ray wrapper of RankWorker; spare threads answer progress/cancel during a run."""
 
-    def __init__(self, rank: int, world_size: int, ulysses: int, ring: int, cfg: int, device: str):
+    def __init__(self, rank: int, world_size: int, ulysses: int, ring: int, cfg: int, device: str,
+                 fail_on_start: bool = False):
+        if fail_on_start:  # test hook: an actor that cannot start (GroupSpec.inject_start_fault)
+            raise RuntimeError(f"injected fault: rank {rank} failed to start")
         self.worker = RankWorker(rank, world_size, ulysses, ring, cfg, device)
 
-    def free_port(self):
-        return self.worker.free_port()
+    def ready(self):
+        return self.worker.health()
 
-    def init_distributed(self, addr: str, port: int, timeout_s: float):
+    def rendezvous_address(self):
+        return self.worker.rendezvous_address(ray.util.get_node_ip_address())
+
+    def init_distributed(self, addr: str, port: int, timeout_s: float, fail: bool = False):
+        if fail:  # test hook: a rendezvous that fails on this rank
+            raise RuntimeError(f"injected fault: rank {self.worker.rank} failed the rendezvous")
         return self.worker.init_distributed(addr, port, timeout_s)
 
     def run(self, request: dict):
@@ -41,8 +77,8 @@ class RankActor:
     def progress(self):
         return self.worker.get_progress()
 
-    def cancel(self):
-        self.worker.cancel()
+    def cancel(self, job_id: str | None = None):
+        return self.worker.cancel(job_id)
 
     def health(self):
         return self.worker.health()
@@ -51,14 +87,18 @@ class RankActor:
         self.worker.shutdown()
 
 
-def pack_strategy(bundles: list[dict[str, float]]) -> str:
-    """STRICT_PACK when one node can hold every bundle (the usual case: one pod
-    per job), else PACK, which lets Ray spill to a second node."""
-    needed = {key: sum(b.get(key, 0.0) for b in bundles) for key in bundles[0]}
-    for node in ray.nodes():
-        if node.get("Alive") and all(node["Resources"].get(k, 0.0) >= v for k, v in needed.items()):
-            return "STRICT_PACK"
-    return "PACK"
+def group_name(owner_uid: str, tag: str = "") -> str:
+    """The group's name, derived from the job that owns it (its uid)."""
+    if not owner_uid or not all(c.isalnum() or c == "-" for c in owner_uid):
+        raise ValueError(f"group owner uid must be letters, digits and '-', got {owner_uid!r}")
+    return f"{GROUP_PREFIX}{owner_uid}" + (f"-{tag}" if tag else "")
+
+
+def owner_of(name: str, uid_length: int = 36) -> str | None:
+    """The owner uid a group, placement group or actor name was derived from (None: not ours)."""
+    if not name.startswith(GROUP_PREFIX):
+        return None
+    return name[len(GROUP_PREFIX):len(GROUP_PREFIX) + uid_length] or None
 
 
 @dataclass(frozen=True)
@@ -68,62 +108,124 @@ class GroupSpec:
     ring: int = 1
     cfg: int = 1
     device: str = "cpu"
+    # Extra resources every bundle asks for (a GPU class's custom resource).
+    bundle_resources: dict[str, float] = field(default_factory=dict)
+    # Test hooks: ranks whose actor fails to start, or fails the rendezvous.
+    inject_start_fault: tuple[int, ...] = ()
+    inject_rendezvous_fault: tuple[int, ...] = ()
 
     @property
     def world_size(self) -> int:
         return self.ulysses * self.ring * self.cfg
 
+    @property
+    def pg_name(self) -> str:
+        return f"{self.name}-pg"
+
+    def actor_name(self, rank: int) -> str:
+        return f"{self.name}-rank{rank}"
+
 
 class ActorGroup:
     def __init__(self, spec: GroupSpec, actors: list, pg=None):
         self.spec, self.actors, self.pg = spec, actors, pg
+        self.torn_down = False
+
+    # -- lifecycle ---------------------------------------------------------
 
     @classmethod
     def start(cls, spec: GroupSpec, timeout_s: float = 300.0, cpus_per_rank: float | None = None) -> "ActorGroup":
-        """Create the placement group and actors, then rendezvous (waits at most ``timeout_s``)."""
+        """Placement group, actors, rendezvous; each bounded by ``timeout_s``.
+        Raises ``GroupStartError`` and leaves nothing behind when any step fails."""
         world = spec.world_size
         if spec.device == "cpu":
             if cpus_per_rank is None:
                 cpus_per_rank = min(1.0, ray.cluster_resources().get("CPU", 1.0) / world)
-            bundles = [{"CPU": cpus_per_rank} for _ in range(world)]
+            bundle: dict[str, float] = {"CPU": cpus_per_rank}
             actor_resources: dict[str, Any] = {"num_cpus": cpus_per_rank}
         else:
-            bundles = [{"GPU": 1, "CPU": 1} for _ in range(world)]
+            bundle = {"GPU": 1, "CPU": 1}
             actor_resources = {"num_gpus": 1, "num_cpus": 1}
-        pg = placement_group(bundles, strategy=pack_strategy(bundles), name=f"{spec.name}-pg", lifetime="detached")
+        bundle.update(spec.bundle_resources)
+        if spec.bundle_resources:
+            actor_resources["resources"] = dict(spec.bundle_resources)
+        group = cls(spec, [], None)
         try:
-            ray.get(pg.ready(), timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            remove_placement_group(pg)
-            raise TimeoutError(
-                f"placement group for {spec.name} ({world} x {bundles[0]}) not ready after {timeout_s:.0f}s: "
-                "the cluster lacks the resources"
-            ) from None
-        actors = [
-            RankActor.options(
-                name=f"{spec.name}-rank{rank}",
-                namespace=NAMESPACE,
-                lifetime="detached",
-                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg,
-                                                                     placement_group_bundle_index=rank),
-                **actor_resources,
-            ).remote(rank, world, spec.ulysses, spec.ring, spec.cfg, spec.device)
-            for rank in range(world)
-        ]
-        group = cls(spec, actors, pg)
-        try:
-            addr, port = ray.get(actors[0].free_port.remote(), timeout=timeout_s)
-            ray.get([a.init_distributed.remote(addr, port, timeout_s) for a in actors], timeout=timeout_s)
-        except Exception:
+            group.pg = placement_group([dict(bundle) for _ in range(world)], strategy="STRICT_PACK",
+                                       name=spec.pg_name, lifetime="detached")
+            try:
+                ray.get(group.pg.ready(), timeout=timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise GroupStartError(
+                    "NoPlacement", "placement",
+                    f"no node could hold {spec.name}'s {world} x {bundle} in one pod within {timeout_s:.0f}s "
+                    "(STRICT_PACK): the cluster lacks the resources, or its autoscaler has no such node type",
+                ) from None
+            for rank in range(world):
+                group.actors.append(RankActor.options(
+                    name=spec.actor_name(rank), namespace=NAMESPACE, lifetime="detached",
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=group.pg, placement_group_bundle_index=rank),
+                    **actor_resources,
+                ).remote(rank, world, spec.ulysses, spec.ring, spec.cfg, spec.device,
+                         rank in spec.inject_start_fault))
+            group._wait_all("actors", "ActorStartFailed", [a.ready.remote() for a in group.actors], timeout_s)
+            addr, port = ray.get(group.actors[0].rendezvous_address.remote(), timeout=timeout_s)
+            group._wait_all("rendezvous", "RendezvousFailed",
+                            [a.init_distributed.remote(addr, port, timeout_s, rank in spec.inject_rendezvous_fault)
+                             for rank, a in enumerate(group.actors)], timeout_s)
+        except BaseException as exc:
             group.teardown()
-            raise
+            if isinstance(exc, GroupStartError):
+                raise
+            raise GroupStartError("GroupStartFailed", "start", f"{spec.name}: {type(exc).__name__}: {exc}") from exc
         return group
+
+    def _wait_all(self, stage: str, reason: str, refs: list, timeout_s: float) -> list:
+        try:
+            return ray.get(refs, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise GroupStartError(reason, stage, f"{self.spec.name}: {stage} did not finish within "
+                                                 f"{timeout_s:.0f}s") from None
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+            first = str(exc).strip().splitlines()
+            raise GroupStartError(reason, stage, f"{self.spec.name}: {stage} failed: "
+                                                 f"{first[-1] if first else type(exc).__name__}") from None
 
     @classmethod
     def attach(cls, spec: GroupSpec) -> "ActorGroup":
-        """Re-attach to a running detached group by name (after a restart)."""
-        actors = [ray.get_actor(f"{spec.name}-rank{r}", namespace=NAMESPACE) for r in range(spec.world_size)]
-        return cls(spec, actors, pg=None)
+        """Re-attach to a running detached group by name: its actors and its placement group."""
+        actors = [ray.get_actor(spec.actor_name(r), namespace=NAMESPACE) for r in range(spec.world_size)]
+        try:
+            pg = ray.util.get_placement_group(spec.pg_name)
+        except ValueError:
+            pg = None
+        return cls(spec, actors, pg)
+
+    def teardown(self) -> None:
+        """Kill every actor and remove the placement group; safe on a broken or half-built group."""
+        for actor in self.actors:
+            try:
+                ray.get(actor.shutdown.remote(), timeout=5)
+            except Exception:  # noqa: BLE001 - tearing down a broken group must still finish
+                pass
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+        if self.pg is None:
+            try:
+                self.pg = ray.util.get_placement_group(self.spec.pg_name)
+            except ValueError:
+                self.pg = None
+        if self.pg is not None:
+            try:
+                remove_placement_group(self.pg)
+            except Exception:  # noqa: BLE001 - already removed
+                pass
+        self.torn_down = True
+
+    # -- queries -----------------------------------------------------------
 
     def health(self, timeout_s: float = 30.0) -> list[dict[str, Any]]:
         return ray.get([a.health.remote() for a in self.actors], timeout=timeout_s)
@@ -131,37 +233,92 @@ class ActorGroup:
     def progress(self) -> dict[str, Any]:
         return ray.get(self.actors[0].progress.remote(), timeout=30)
 
-    def cancel(self) -> None:
-        ray.get([a.cancel.remote() for a in self.actors], timeout=30)
-
-    def run(self, request: JobRequest, timeout_s: float = 3600.0,
-            on_progress: Callable[[dict[str, Any]], None] | None = None, poll_s: float = 0.2) -> dict[str, Any]:
-        """Run one job on every rank; returns the rank result that holds the video,
-        with every rank's collective count, or the first structured error."""
-        refs = [a.run.remote(asdict(request)) for a in self.actors]
-        deadline = time.monotonic() + timeout_s
-        pending = list(refs)
-        while pending:
-            if time.monotonic() > deadline:
-                self.cancel()
-                raise TimeoutError(f"job {request.job_id} did not finish within {timeout_s:.0f}s")
-            _, pending = ray.wait(pending, num_returns=len(pending), timeout=poll_s)
-            if on_progress is not None:
-                on_progress(self.progress())
-        results = ray.get(refs)
-        failed = [r for r in results if not r["ok"]]
-        if failed:
-            return {"ok": False, "error": failed[0]["error"], "ranks": results}
-        main = next((r for r in results if r.get("output") or r.get("frames") is not None), results[-1])
-        return {**main, "collectives_per_rank": [r["collectives"] for r in results],
-                "reused_all": all(r["reused"] for r in results)}
-
-    def teardown(self) -> None:
+    def cancel(self, job_id: str | None = None) -> None:
+        """Ask every rank to stop ``job_id`` (None: the job running now) at its next boundary."""
         for actor in self.actors:
             try:
-                ray.get(actor.shutdown.remote(), timeout=10)
-            except Exception:  # noqa: BLE001 - tearing down a broken group must still finish
+                ray.get(actor.cancel.remote(job_id), timeout=10)
+            except Exception:  # noqa: BLE001 - a dead rank cannot be asked; run() reports it
                 pass
-            ray.kill(actor)
-        if self.pg is not None:
-            remove_placement_group(self.pg)
+
+    # -- one job -----------------------------------------------------------
+
+    def run(self, request: JobRequest, timeout_s: float = 3600.0,
+            on_progress: Callable[[dict[str, Any]], None] | None = None, poll_s: float = 0.2,
+            grace_s: float = 5.0) -> dict[str, Any]:
+        """Run one job on every rank; returns the rank result that holds the video,
+        with every rank's collective count, or a structured error naming the rank
+        and stage that failed (``groupTornDown`` when the group had to go)."""
+        refs = [a.run.remote(request.to_dict()) for a in self.actors]
+        index = {ref: rank for rank, ref in enumerate(refs)}
+        results: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + timeout_s
+        failed_at: float | None = None
+        cancelled_for_timeout = False
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=poll_s)
+            for ref in ready:
+                rank = index[ref]
+                results[rank] = self._collect(ref, rank)
+                if not results[rank]["ok"] and failed_at is None:
+                    failed_at = time.monotonic()
+            now = time.monotonic()
+            if now > deadline and not cancelled_for_timeout:
+                self.cancel(request.job_id)
+                cancelled_for_timeout = True
+                failed_at = failed_at or now
+            if pending and failed_at is not None and now - failed_at > grace_s:
+                # A rank failed and these did not follow within the grace period: stop them.
+                for ref in pending:
+                    results[index[ref]] = {"ok": False, "rank": index[ref], "consistent": False, "error": {
+                        "reason": "Stopped", "rank": index[ref], "stage": "",
+                        "message": f"stopped {grace_s:.0f}s after another rank failed"}}
+                self.teardown()
+                pending = []
+            if on_progress is not None and pending:
+                try:
+                    on_progress(self.progress())
+                except Exception:  # noqa: BLE001 - progress is best effort; the result says what happened
+                    pass
+        ordered = [results[r] for r in range(len(self.actors))]
+        if cancelled_for_timeout and all(r["ok"] or r["error"]["reason"] == "Cancelled" for r in ordered):
+            ordered = [{**r, "ok": False, "error": {"reason": "Timeout", "stage": "run", "rank": r["rank"],
+                                                     "message": f"job {request.job_id} did not finish within "
+                                                                f"{timeout_s:.0f}s; cancelled"}}
+                       for r in ordered]
+        failed = [r for r in ordered if not r["ok"]]
+        if failed:
+            return self._failure(ordered, failed)
+        main = next((r for r in ordered if r.get("output") or r.get("frames") is not None), ordered[-1])
+        return {**main, "collectives_per_rank": [r["collectives"] for r in ordered],
+                "reused_all": all(r["reused"] for r in ordered), "ranks_ok": len(ordered)}
+
+    def _collect(self, ref, rank: int) -> dict[str, Any]:
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            return {"ok": False, "rank": rank, "consistent": False, "error": {
+                "reason": "ActorDied", "rank": rank, "stage": "",
+                "message": f"rank {rank}'s actor died during the job: {str(exc).strip().splitlines()[0]}"}}
+        except ray.exceptions.RayError as exc:
+            return {"ok": False, "rank": rank, "consistent": False, "error": {
+                "reason": "RayError", "rank": rank, "stage": "", "message": f"{type(exc).__name__}: {exc}"}}
+
+    def _failure(self, ordered: list[dict[str, Any]], failed: list[dict[str, Any]]) -> dict[str, Any]:
+        secondary = ("PeerFailed", "Stopped", "Busy")
+        primary = next((r for r in failed if r["error"]["reason"] not in secondary), failed[0])
+        error = dict(primary["error"])
+        error.setdefault("rank", primary["rank"])
+        if error["reason"] == "ActorDied":
+            error["stage"] = next((r["error"].get("stage") for r in failed if r["error"].get("stage")), "") or "run"
+        others = sorted(r["rank"] for r in failed if r is not primary)
+        consistent = all(r.get("consistent", False) for r in ordered if not r["ok"]) and not self.torn_down
+        if not consistent and not self.torn_down:
+            self.teardown()
+        where = f"rank {error['rank']} failed in {error.get('stage') or 'run'}"
+        if error.get("step"):
+            where += f" after step {error['step']}"
+        error["summary"] = where + (f"; ranks {others} stopped" if others else "")
+        error["groupTornDown"] = self.torn_down
+        return {"ok": False, "error": error, "ranks": [{k: v for k, v in r.items() if k != "frames"} for r in ordered]}

@@ -5,14 +5,33 @@ sizes, so an odd edge is cropped by one pixel (and said so in the result).
 Locations: a plain directory (``videojob run --out DIR``), ``local://path``
 under VIDEOJOB_OUTPUT_ROOT, or ``pvc://claim/path`` under the claim's mount
 (VIDEOJOB_VOLUMES_ROOT/claim).
+
+Atomic: every file is written under a temporary name in the same directory
+and renamed into place, the result JSON last (it is the "done" marker); on
+any failure the temporary files and any already renamed file of this job
+are removed, so a reader never sees a partial job.
+
+Reproducibility: the result JSON records ``framesDigest``, a SHA-256 of the
+8-bit frames and their shape, so two runs compare exactly without decoding.
+The mp4 bytes are deterministic too, for the same frames on the same x264
+build and CPU family: libx264 reads memory it never wrote, so in a worker
+the same frames came out as different bytes from one encode to the next;
+``mp4encode.py`` encodes in a child process whose allocations are filled
+with a fixed byte, with x264's thread count pinned (its output depends on
+it). ``asm=0`` (x264's C paths, which could also match across CPU families)
+took more than twice as long, gave other bytes than the SIMD paths and was
+not repeatable with threads, so it stays off: across machines, compare
+``framesDigest``. Each setting is measured by ``benchmarks/mp4_bench.py``
+(``benchmarks/results/mp4.json``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -36,25 +55,32 @@ def resolve_location(uri: str) -> Path:
     return local_path(uri, "VIDEOJOB_OUTPUT_ROOT", DEFAULT_OUTPUT_ROOT)
 
 
+def to_uint8(frames: np.ndarray) -> np.ndarray:
+    """Float frames in [0, 1] to 8-bit (uint8 frames pass through)."""
+    if frames.dtype == np.uint8:
+        return frames
+    return (np.clip(frames, 0.0, 1.0) * 255).round().astype(np.uint8)
+
+
+def frames_digest(frames: np.ndarray) -> str:
+    """SHA-256 of 8-bit frames and their shape: equal digests, equal videos."""
+    video = np.ascontiguousarray(to_uint8(frames))
+    h = hashlib.sha256()
+    h.update(("x".join(str(d) for d in video.shape) + ":").encode())
+    h.update(video.tobytes())
+    return "sha256:" + h.hexdigest()
+
+
 def even_crop(frames: np.ndarray) -> np.ndarray:
     _, h, w, _ = frames.shape
     return np.ascontiguousarray(frames[:, : h - h % 2, : w - w % 2])
 
 
 def encode_mp4(frames: np.ndarray, path: Path, fps: int, crf: int = 18) -> None:
-    import av
+    """H.264, yuv420p, in a child process so the bytes depend only on the frames (docstring)."""
+    from .mp4encode import encode_in_child
 
-    frames = even_crop(frames)
-    _, height, width, _ = frames.shape
-    with av.open(str(path), mode="w", format="mp4", options={"movflags": "+faststart"}) as container:
-        stream = container.add_stream("libx264", rate=Fraction(fps))
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.options = {"crf": str(crf), "preset": "medium"}
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    encode_in_child(even_crop(frames), path, fps, crf)
 
 
 def probe_mp4(path: Path) -> dict[str, Any]:
@@ -87,29 +113,57 @@ def contact_sheet(frames: np.ndarray, columns: int = 4, max_tiles: int = 16) -> 
     return sheet
 
 
-def write_outputs(frames: np.ndarray, directory: Path, name: str, fps: int, result: dict[str, Any]) -> WrittenOutput:
-    """Write NAME.mp4, NAME.png and NAME.json into ``directory``; the JSON gains the file facts."""
+def write_outputs(frames: np.ndarray, directory: Path, name: str, fps: int, result: dict[str, Any],
+                  between_files=None) -> WrittenOutput:
+    """Write NAME.mp4, NAME.png and NAME.json into ``directory`` atomically (module
+    docstring); the JSON gains the file facts. ``between_files``: called after the
+    video's temporary file is written (a test hook for faults mid-write)."""
     from PIL import Image
 
     directory.mkdir(parents=True, exist_ok=True)
     video, poster, result_path = directory / f"{name}.mp4", directory / f"{name}.png", directory / f"{name}.json"
-    tmp_video = video.with_suffix(".mp4.partial")
-    encode_mp4(frames, tmp_video, fps)
-    tmp_video.replace(video)  # never leave a half-written mp4 under the final name
-    Image.fromarray(contact_sheet(frames)).save(poster)
-    cropped = frames.shape[1] % 2 or frames.shape[2] % 2
-    result = {
-        **result,
-        "output": {
-            "video": str(video),
-            "poster": str(poster),
-            "bytes": video.stat().st_size,
-            "frames": int(frames.shape[0]),
-            "width": int(frames.shape[2] - frames.shape[2] % 2),
-            "height": int(frames.shape[1] - frames.shape[1] % 2),
-            "fps": fps,
-            "croppedToEvenSize": bool(cropped),
-        },
-    }
-    result_path.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    return WrittenOutput(video, poster, result_path, video.stat().st_size)
+    tag = f".{os.getpid()}.partial"
+    tmp_video, tmp_poster, tmp_result = (p.with_name(p.name + tag) for p in (video, poster, result_path))
+    placed: list[Path] = []
+    try:
+        encode_mp4(frames, tmp_video, fps)
+        if between_files is not None:
+            between_files()
+        Image.fromarray(contact_sheet(frames)).save(tmp_poster, format="PNG")
+        cropped = frames.shape[1] % 2 or frames.shape[2] % 2
+        size = tmp_video.stat().st_size
+        document = {
+            **result,
+            "output": {
+                "video": str(video),
+                "poster": str(poster),
+                "bytes": size,
+                "frames": int(frames.shape[0]),
+                "width": int(frames.shape[2] - frames.shape[2] % 2),
+                "height": int(frames.shape[1] - frames.shape[1] % 2),
+                "fps": fps,
+                "croppedToEvenSize": bool(cropped),
+            },
+        }
+        tmp_result.write_text(json.dumps(document, indent=2, default=str) + "\n")
+        for tmp, final in ((tmp_video, video), (tmp_poster, poster), (tmp_result, result_path)):
+            tmp.replace(final)
+            placed.append(final)
+    except BaseException:
+        for path in (tmp_video, tmp_poster, tmp_result, *placed):
+            path.unlink(missing_ok=True)
+        raise
+    return WrittenOutput(video, poster, result_path, size)
+
+
+def write_failure(directory: Path, name: str, result: dict[str, Any]) -> Path:
+    """The result JSON of a job that failed (no video): written atomically, and
+    any earlier output of the same name is removed so nothing stale passes for it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for suffix in (".mp4", ".png"):
+        (directory / f"{name}{suffix}").unlink(missing_ok=True)
+    path = directory / f"{name}.json"
+    tmp = path.with_name(path.name + f".{os.getpid()}.partial")
+    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    tmp.replace(path)
+    return path

@@ -35,6 +35,22 @@ _PIPELINES = {
 }
 
 
+# How xfuser 0.7.0 runs a family sequence-parallel (only (family, task) pairs
+# listed here can; the catalog's ``sequence_parallel`` must agree, a test checks):
+# through its pipeline wrapper, or, for Wan (no wrapper in xfuser 0.7.0), the
+# plain diffusers pipeline with xfuser's sequence-sharding transformer class.
+_PARALLEL = {
+    (Family.COGVIDEOX, "t2v"): ("wrapper", "xFuserCogVideoXPipeline"),
+    (Family.CONSISID, "identity"): ("wrapper", "xFuserConsisIDPipeline"),
+    (Family.WAN, "t2v"): ("transformer", "xFuserWanTransformer3DWrapper"),
+}
+
+
+def runs_parallel(model_id: str, task: str) -> bool:
+    """Whether the runtime can run this model and task on more than one rank."""
+    return (get_model(model_id).family, task) in _PARALLEL
+
+
 def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
@@ -184,20 +200,8 @@ def resolve_source(model_id: str, source: str | None) -> Path:
     if uri is None:
         raise ModelSourceMissing(f"{model_id} has no default source; set spec.model.source", stage="load")
     if uri.startswith("hf://"):
-        repo = uri.removeprefix("hf://").split("@", 1)[0]
-        from huggingface_hub import snapshot_download
-
-        # Read at call time: the actor's environment decides where the cache is mounted.
-        cache_dir = os.environ.get("HF_HUB_CACHE") or (
-            str(Path(os.environ["HF_HOME"]) / "hub") if os.environ.get("HF_HOME") else None)
-        try:
-            return Path(snapshot_download(repo, local_files_only=True, cache_dir=cache_dir))
-        except Exception as exc:  # noqa: BLE001 - any cache miss is the same problem for a user
-            raise ModelSourceMissing(
-                f"{repo} is not in the offline hub cache ({os.environ.get('HF_HOME', '~/.cache/huggingface')}): "
-                f"pre-download it there, or set spec.model.source to pvc://CLAIM/path or local://path ({exc})",
-                stage="load",
-            ) from None
+        repo, _, revision = uri.removeprefix("hf://").partition("@")
+        return hub_snapshot(repo, revision or None)
     path = local_path(uri, "VIDEOJOB_MODEL_ROOT", "/var/lib/videojob/models")
     if not (path / "model_index.json").exists():
         raise ModelSourceMissing(
@@ -208,14 +212,117 @@ def resolve_source(model_id: str, source: str | None) -> Path:
     return path
 
 
+def hub_snapshot(repo: str, revision: str | None = None) -> Path:
+    """The offline hub cache's snapshot of ``repo`` at ``revision`` (a branch,
+    tag or commit; default: main). Nothing is downloaded."""
+    from huggingface_hub import snapshot_download
+
+    # Read at call time: the actor's environment decides where the cache is mounted.
+    cache_dir = os.environ.get("HF_HUB_CACHE") or (
+        str(Path(os.environ["HF_HOME"]) / "hub") if os.environ.get("HF_HOME") else None)
+    at = f"@{revision}" if revision else ""
+    try:
+        return Path(snapshot_download(repo, revision=revision, local_files_only=True, cache_dir=cache_dir))
+    except Exception as exc:  # noqa: BLE001 - any cache miss is the same problem for a user
+        raise ModelSourceMissing(
+            f"{repo}{at} is not in the offline hub cache ({cache_dir or os.environ.get('HF_HOME', '~/.cache/huggingface')}): "
+            f"pre-download it there, or set spec.model.source to pvc://CLAIM/path or local://path ({exc})",
+            stage="load",
+        ) from None
+
+
+def _is_motion_adapter(path: Path) -> bool:
+    import json
+
+    config = path / "config.json"
+    return config.exists() and json.loads(config.read_text()).get("_class_name") == "MotionAdapter"
+
+
+def _load_animatediff(model_id: str, source: str | None, dtype: str):
+    """AnimateDiff in its published layout: a motion adapter plus a Stable
+    Diffusion 1.5 base pipeline (the catalog's ``base_hub_id``, from the
+    offline hub cache), with the DDIM settings AnimateDiff's examples use.
+    A source that is a saved AnimateDiffPipeline loads as it is."""
+    from diffusers import AnimateDiffPipeline, DDIMScheduler, MotionAdapter
+
+    model = get_model(model_id)
+    uri = source or f"hf://{model.hub_id}"
+    if uri.startswith("hf://"):
+        repo, _, revision = uri.removeprefix("hf://").partition("@")
+        path = hub_snapshot(repo, revision or None)
+    else:
+        path = local_path(uri, "VIDEOJOB_MODEL_ROOT", "/var/lib/videojob/models")
+    if (path / "model_index.json").exists():  # a whole AnimateDiffPipeline
+        return clip_text_model_compat(AnimateDiffPipeline.from_pretrained(path, dtype=torch_dtype(dtype)))
+    if not _is_motion_adapter(path):
+        raise ModelSourceMissing(
+            f"no motion adapter or AnimateDiff pipeline at {path} (config.json of a MotionAdapter, or "
+            "model_index.json, missing): check spec.model.source and that the volume is mounted", stage="load")
+    adapter = MotionAdapter.from_pretrained(path, dtype=torch_dtype(dtype))
+    base = hub_snapshot(model.base_hub_id)
+    pipe = AnimateDiffPipeline.from_pretrained(base, motion_adapter=adapter, dtype=torch_dtype(dtype))
+    pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config, clip_sample=False, beta_schedule="linear",
+                                               timestep_spacing="linspace", steps_offset=1)
+    return clip_text_model_compat(pipe)
+
+
 def load_pipeline(model_id: str, task: str, dtype: str, source: str | None = None, seed: int = 0,
                   transformer_class: type | None = None):
     """The pipeline for a job: tiny models are built, real ones loaded."""
-    if get_model(model_id).tiny:
+    model = get_model(model_id)
+    if model.tiny:
         return build_tiny_pipeline(model_id, task, dtype, seed, transformer_class)
+    if model.family == Family.ANIMATEDIFF:
+        return _load_animatediff(model_id, source, dtype)
     path = resolve_source(model_id, source)
     kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype)}
     if transformer_class is not None:
         kwargs["transformer"] = transformer_class.from_pretrained(path, subfolder="transformer",
                                                                   dtype=torch_dtype(dtype))
     return clip_text_model_compat(pipeline_class(model_id, task).from_pretrained(path, **kwargs))
+
+
+def build_parallel_pipeline(model_id: str, task: str, dtype: str, source: str | None, seed: int, *,
+                            ulysses: int, ring: int, cfg: int, on_cpu: bool, width: int, height: int,
+                            frames: int, steps: int):
+    """The pipeline for a multi-rank layout, wrapped the way xfuser runs this family.
+
+    torch.distributed and xfuser's parallel groups must be up (``distributed``);
+    the caller applies memory strategies afterwards (``strategies.order``)."""
+    kind_and_name = _PARALLEL.get((get_model(model_id).family, task))
+    if kind_and_name is None:
+        from .errors import JobFailure
+
+        raise JobFailure(f"{model_id} ({task}) cannot run sequence-parallel; plan it on one GPU", stage="load")
+    from xfuser import xFuserArgs
+
+    from .xfuser_cpu import attention_backend
+
+    engine_config, _ = xFuserArgs(
+        model=model_id, ulysses_degree=ulysses, ring_degree=ring, use_cfg_parallel=cfg == 2,
+        attention_backend=attention_backend(ring, on_cpu), height=height, width=width, num_frames=frames,
+        num_inference_steps=steps,
+    ).create_config()
+    engine_config.runtime_config.dtype = torch_dtype(dtype)
+    kind, name = kind_and_name
+    if kind == "wrapper":
+        import xfuser
+
+        return getattr(xfuser, name)(load_pipeline(model_id, task, dtype, source, seed), engine_config)
+    from xfuser.core.distributed import initialize_runtime_state
+    from xfuser.model_executor.models.transformers import transformer_wan
+
+    pipe = load_pipeline(model_id, task, dtype, source, seed, transformer_class=getattr(transformer_wan, name))
+    initialize_runtime_state(pipe, engine_config)
+    return pipe
+
+
+def inner_pipeline(pipe):
+    """The diffusers pipeline (xfuser's wrappers keep it as ``.module``)."""
+    return getattr(pipe, "module", pipe)
+
+
+def denoiser(pipe):
+    """The transformer or UNet of a pipeline (xfuser's wrapped transformer under a wrapper)."""
+    inner = inner_pipeline(pipe)
+    return getattr(inner, "transformer", None) or getattr(inner, "unet")

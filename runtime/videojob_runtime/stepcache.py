@@ -12,7 +12,8 @@ cached residual is added instead.
   >= 1.0 always cache after warmup.
 * ``fbcache``: diffusers FirstBlockCache (no warmup). Threshold 0 never
   caches; a huge threshold caches every call after the first per context.
-* ``teacache``: not implemented (see ``StepCacheConfig``).
+* ``teacache``: a separate hook, ``teacache.py`` (it reuses the whole
+  denoiser output and needs no block layout, so it also serves ConsisID).
 
 Why cache-dit in transformer-only mode, for every target (justification):
   - it is the only one that keeps ranks in step under sequence parallel: with
@@ -96,10 +97,7 @@ class StepCacheConfig:
     ``threshold`` None takes ``DEFAULT_THRESHOLDS``; it is ignored for "off".
     ``warmup_steps`` (dbcache only) None means ``min(8, max(1, steps // 6))``:
     cache-dit's 8 for a 50-step job, 1 for an 8-step one.
-    teacache is not implemented: it needs per-model polynomial coefficients
-    fitted on real weights (TeaCache's rescale of the modulated-input change),
-    which neither the catalog nor random-weight test models have; dbcache and
-    fbcache use the same first-block signal without fitted coefficients.
+    teacache is ``teacache.apply_teacache`` (``strategies.order`` picks it).
     """
 
     policy: str = "off"
@@ -109,8 +107,8 @@ class StepCacheConfig:
 
     def __post_init__(self) -> None:
         if self.policy == "teacache":
-            raise ValueError("StepCacheConfig.policy: teacache is not implemented (it needs per-model "
-                             "fitted coefficients); use dbcache or fbcache")
+            raise ValueError("StepCacheConfig.policy: teacache is teacache.apply_teacache, "
+                             "not a block cache; use strategies.order.apply_step_cache_for")
         if self.policy == "auto":
             raise ValueError("StepCacheConfig.policy 'auto' must be resolved by the caller "
                              "(to off, dbcache or fbcache)")
@@ -307,7 +305,8 @@ def apply_step_cache(target, config: StepCacheConfig) -> StepCacheHandle:
         # old accelerate hook puts back the forward it wrapped, the one from
         # before cache-dit, so the cache would silently stop after one job.
         raise ValueError("StepCacheConfig.policy dbcache: apply the step cache before model offload "
-                         "(enable_model_cpu_offload re-arms its hooks after every call and drops it)")
+                         "(strategies.order: step cache, fp8, offload, VAE; enable_model_cpu_offload "
+                         "re-arms its hooks after every call and would drop a cache installed after it)")
     layout, blocks = None, []
     for tr in transformers:
         lay, blist = _layout_of(tr, config.policy)

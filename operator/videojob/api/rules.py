@@ -327,6 +327,42 @@ def _parallel_rules() -> list[SpecRule]:
     return rules
 
 
+def _memory_rules() -> list[SpecRule]:
+    forced = "has(self.memory) && has(self.memory.offload) && self.memory.offload != 'none'"
+
+    def needs_allow(spec):
+        m = spec.memory
+        if m is None or m.offload in (None, "none") or spec.resources.allow_offload:
+            return None
+        return (f"memory.offload {m.offload} contradicts resources.allowOffload false: "
+                "set allowOffload true or memory.offload none")
+
+    def one_rank(spec):
+        m, p = spec.memory, spec.parallel
+        if m is None or m.offload in (None, "none") or p is None or p.world_size == 1:
+            return None
+        return (f"memory.offload {m.offload} runs on one GPU, but parallel asks for {p.world_size}: "
+                "drop the parallel override or set memory.offload none")
+
+    def deg(name: str) -> str:
+        return f"(has(self.parallel.{name}) ? self.parallel.{name} : 1)"
+
+    return [
+        SpecRule(
+            field="memory.offload",
+            cel=f"!({forced}) || !has(self.resources) || !has(self.resources.allowOffload) || self.resources.allowOffload",
+            cel_message="'memory.offload ' + self.memory.offload + ' contradicts resources.allowOffload false'",
+            check=needs_allow,
+        ),
+        SpecRule(
+            field="memory.offload",
+            cel=f"!({forced}) || !has(self.parallel) || {deg('ulysses')} * {deg('ring')} * {deg('cfg')} == 1",
+            cel_message="'memory.offload ' + self.memory.offload + ' runs on one GPU: drop the parallel override or set offload none'",
+            check=one_rank,
+        ),
+    ]
+
+
 SPEC_RULES: tuple[SpecRule, ...] = tuple(
     _frame_rules()
     + _size_rules()
@@ -334,6 +370,7 @@ SPEC_RULES: tuple[SpecRule, ...] = tuple(
     + _input_rules()
     + _cache_rules()
     + _parallel_rules()
+    + _memory_rules()
 )
 
 

@@ -120,6 +120,27 @@ class ParallelSpec(WireModel):
         return self.ulysses * self.ring * self.cfg
 
 
+OffloadMode = Literal["none", "model", "group", "sequential"]
+
+
+class MemorySpec(WireModel):
+    """Override the planner's memory strategies (unset fields stay the planner's choice).
+
+    For a known-good setting: the planner still checks it, and refuses a job
+    whose forced layout does not fit, with the reason."""
+
+    offload: Optional[OffloadMode] = Field(
+        default=None,
+        description="Where weights live while the job runs: none (all on the GPU), model (whole components "
+                    "swap in), group (block groups stream in), sequential (one layer at a time; least "
+                    "memory, slowest). Offload runs on one GPU only.",
+    )
+    vae_tiling: Optional[bool] = Field(
+        default=None, description="Decode the video in overlapping tiles (less memory, seams blended).")
+    vae_slicing: Optional[bool] = Field(
+        default=None, description="Decode one video of a batch at a time (no change to the output).")
+
+
 class OutputSpec(WireModel):
     """Where the mp4, poster and result JSON go."""
 
@@ -141,6 +162,7 @@ class VideoJobSpec(WireModel):
     cache: CacheSpec = Field(default_factory=CacheSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     parallel: Optional[ParallelSpec] = None
+    memory: Optional[MemorySpec] = None
     output: Optional[OutputSpec] = None
 
     @property

@@ -47,6 +47,17 @@ class Request:
     cache: str = "off"
     parallel: tuple[int, int, int] | None = None
     fp8_weights: bool = False
+    # spec.memory overrides (None: the planner chooses).
+    offload: str | None = None
+    vae_tiling: bool | None = None
+    vae_slicing: bool | None = None
+
+    @property
+    def forced_memory(self) -> str:
+        """The spec.memory overrides, as the user wrote them (empty when none)."""
+        parts = [f"{k}: {v}" for k, v in (("offload", self.offload), ("vaeTiling", self.vae_tiling),
+                                          ("vaeSlicing", self.vae_slicing)) if v is not None]
+        return ", ".join(parts)
 
 
 class Alternative:
@@ -145,13 +156,16 @@ def request_from_spec(spec: VideoJobSpec) -> Request:
         guidance=model.default_guidance if spec.sampling.guidance_scale is None else spec.sampling.guidance_scale,
         dtype=spec.model.dtype,
     )
-    p = spec.parallel
+    p, m = spec.parallel, spec.memory
     return Request(
         job=job,
         max_gpus=spec.resources.max_gpus,
         allow_offload=spec.resources.allow_offload,
         cache=resolve_cache(model, spec.cache.policy),
         parallel=(p.ulysses, p.ring, p.cfg) if p else None,
+        offload=m.offload if m else None,
+        vae_tiling=m.vae_tiling if m else None,
+        vae_slicing=m.vae_slicing if m else None,
     )
 
 
@@ -197,6 +211,8 @@ def layout_problem(job: Job, ulysses: int, ring: int, cfg: int, cache: str = "of
 
 def allowed_offloads(request: Request) -> list[str]:
     model = request.job.model
+    if request.offload is not None:
+        return [request.offload] if request.offload in model.offload_modes else []
     return [m for m in OFFLOAD_MODES if m in model.offload_modes and (request.allow_offload or m == "none")]
 
 
@@ -204,15 +220,17 @@ def enumerate_layouts(request: Request, inventory: Inventory, offloads: list[str
     limit = min(request.max_gpus, inventory.gpus_per_node)
     offloads = allowed_offloads(request) if offloads is None else offloads
     triples = list(degree_triples(request, limit))
+    tilings = (False, True) if request.vae_tiling is None else (request.vae_tiling,)
+    slicing = bool(request.vae_slicing)
     # The runtime offloads only single-rank jobs (offload under xfuser's
     # sequence parallel is not supported there yet).
     return [
-        Layout(ulysses=u, ring=r, cfg=c, offload=off, vae_tiling=tiling, cache=request.cache,
-               fp8_weights=request.fp8_weights)
+        Layout(ulysses=u, ring=r, cfg=c, offload=off, vae_tiling=tiling, vae_slicing=slicing,
+               cache=request.cache, fp8_weights=request.fp8_weights)
         for off in offloads
         for (u, r, c) in triples
         if off == "none" or u * r * c == 1
-        for tiling in (False, True)
+        for tiling in tilings
     ]
 
 
@@ -280,6 +298,10 @@ def _no_fit_reason(request: Request, inventory: Inventory, calibration: Calibrat
         f"nothing fits: the smallest layout ({smallest.layout.summary()}) {smallest.why_not}"
     )
     fixes: list[str] = []
+    if request.forced_memory:
+        free = replace(request, offload=None, vae_tiling=None, vae_slicing=None)
+        if _fits(free, inventory, calibration):
+            fixes.append(f"remove the spec.memory override ({request.forced_memory}): the planner finds a layout")
     if not request.allow_offload and _fits(replace(request, allow_offload=True), inventory, calibration):
         fixes.append("set resources.allowOffload: true")
     node_gpus = inventory.gpus_per_node

@@ -72,6 +72,8 @@ class Layout:
         text += ", no offload" if self.offload == "none" else f", {self.offload} offload"
         if self.vae_tiling:
             text += ", VAE tiling"
+        if self.vae_slicing:
+            text += ", VAE slicing"
         if self.fp8_weights:
             text += ", fp8 weights"
         if self.cache != "off":

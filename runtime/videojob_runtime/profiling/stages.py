@@ -127,18 +127,9 @@ def flash_sdpa(counter: dict | None = None):
 # ---------------------------------------------------------------------------
 
 def text_tokens(model_id: str) -> int:
-    """Text sequence length the pipeline pads prompts to."""
-    info = _info(model_id)
-    if info.tiny:
-        return 16
-    fam = info.family.value
-    if fam in ("cogvideox", "consisid"):
-        # CogVideoXPipeline / ConsisIDPipeline max_sequence_length default
-        # (226 for 1.0 and 1.5 alike in diffusers 0.42).
-        return 226
-    if fam == "wan":
-        return 512  # WanPipeline max_sequence_length default
-    return 77  # CLIP tokenizer model_max_length
+    """Text sequence length the pipeline pads prompts to: the catalog's one fact
+    (CogVideoX/ConsisID 226, Wan 512, CLIP 77, tiny models 16)."""
+    return _info(model_id).arch.text_tokens
 
 
 def valid_frames(model_id: str, frames: int) -> int:

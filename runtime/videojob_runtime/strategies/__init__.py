@@ -8,20 +8,23 @@ field) and one function that applies it to a pipeline or model:
 * ``fp8``: ``apply_fp8_storage(transformer, Fp8Config(enabled, storage_dtype), compute_dtype)``
 * ``text_encoder``: ``encode_and_release(pipe, TextEncoderConfig(release), prompt, ...)``
 
-Order on a fresh pipeline: fp8 storage, the step cache
-(``videojob_runtime.stepcache``; it must precede model offload), offload,
-then VAE; the prompt is encoded (and the encoder released) per job, before
-the pipeline call.
+The order they are applied in is stated once, in ``order.py``: step cache,
+fp8 storage, offload (once per warm pipeline), then VAE (per job); the prompt
+is encoded (and the encoder released) per job, before the pipeline call.
 """
 
 from .fp8 import FP8_STORAGE_DTYPES, Fp8Config, Fp8Result, apply_fp8_storage
 from .offload import OFFLOAD_MODES, OffloadConfig, OffloadResult, apply_offload
 from .text_encoder import RELEASE_MODES, PromptEmbeds, TextEncoderConfig, encode_and_release
 from .vae import VaeConfig, VaeResult, apply_vae
+from .order import (
+    STRATEGY_ORDER, AppliedStrategies, LoadStrategies, apply_job_strategies, apply_load_strategies,
+)
 
 __all__ = [
     "FP8_STORAGE_DTYPES", "Fp8Config", "Fp8Result", "apply_fp8_storage",
     "OFFLOAD_MODES", "OffloadConfig", "OffloadResult", "apply_offload",
     "RELEASE_MODES", "PromptEmbeds", "TextEncoderConfig", "encode_and_release",
     "VaeConfig", "VaeResult", "apply_vae",
+    "STRATEGY_ORDER", "AppliedStrategies", "LoadStrategies", "apply_job_strategies", "apply_load_strategies",
 ]

@@ -1,0 +1,110 @@
+"""What one rank needs for one job: the request schema that crosses the actor boundary.
+
+The driver builds a ``JobRequest`` from the spec and the chosen plan
+(``local.job_request`` today, the operator's driver later) and sends it to
+every rank as a plain dict; ``JobRequest.from_dict`` refuses unknown keys so a
+driver and a rank of different versions fail loudly instead of dropping a
+setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+STAGES = ("load", "inputs", "encode", "denoise", "decode", "write")
+FAULT_KINDS = ("error", "oom", "exit", "stall")
+
+
+@dataclass(frozen=True)
+class FaultInjection:
+    """Test hook: make ``rank`` (every rank when None) fail in ``stage``.
+
+    ``kind``: "error" raises a RuntimeError, "oom" an out-of-memory error (as
+    a CUDA OOM would), "exit" kills the rank's process (a lost actor),
+    "stall" sleeps ``seconds`` (a slow stage: time to cancel it, or to time out).
+    ``step``: for the denoise stage, the step (1-based) after which it fails.
+    """
+
+    stage: str
+    kind: str = "error"
+    rank: int | None = None
+    step: int | None = None
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            raise ValueError(f"FaultInjection.stage must be one of {STAGES}, got {self.stage!r}")
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"FaultInjection.kind must be one of {FAULT_KINDS}, got {self.kind!r}")
+
+    def applies(self, stage: str, rank: int, step: int | None = None) -> bool:
+        if stage != self.stage or (self.rank is not None and rank != self.rank):
+            return False
+        return self.step is None or step == self.step
+
+
+@dataclass
+class JobRequest:
+    """Everything a rank needs for one job (built by the driver from spec + plan)."""
+
+    job_id: str
+    model_id: str
+    task: str
+    prompt: str
+    width: int
+    height: int
+    frames: int
+    fps: int
+    steps: int
+    guidance: float
+    # The driver draws a seed when the spec has none, so every rank gets the same one.
+    seed: int = 0
+    dtype: str = "float32"
+    source: str | None = None
+    negative_prompt: str = ""
+    image: str | None = None  # i2v conditioning image uri
+    face_image: str | None = None  # identity (ConsisID): face image uri, embeddings at <uri>.npz
+    offload: str = "none"
+    vae_tiling: bool = False
+    vae_slicing: bool = False
+    fp8_weights: bool = False
+    cache: str = "off"
+    cache_threshold: float | None = None
+    output_dir: str | None = None
+    output_name: str = "video"
+    # Without output_dir the frames come back: "uint8" (video) or "float32" (tests compare these).
+    frames_dtype: str = "uint8"
+    result_extra: dict[str, Any] = field(default_factory=dict)
+    # CPU only: count live tensor bytes (a dispatch-mode tracker; costs ~10% on tiny models).
+    track_memory: bool = True
+    # Test hooks: an out-of-memory error in this stage on every rank (kept for
+    # the operator's re-plan tests), or any fault on one rank.
+    inject_oom: str | None = None
+    inject_fault: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.inject_oom is not None and self.inject_oom not in STAGES:
+            raise ValueError(f"JobRequest.inject_oom must be one of {STAGES}, got {self.inject_oom!r}")
+        self.fault()  # validates inject_fault
+
+    def fault(self) -> FaultInjection | None:
+        if self.inject_fault is not None:
+            return FaultInjection(**self.inject_fault)
+        if self.inject_oom is not None:
+            return FaultInjection(stage=self.inject_oom, kind="oom",
+                                  step=None if self.inject_oom != "denoise" else max(1, self.steps // 2))
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | "JobRequest") -> "JobRequest":
+        if isinstance(data, JobRequest):
+            return data
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"JobRequest: unknown field(s) {unknown}: driver and runtime versions differ")
+        return cls(**data)
