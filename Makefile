@@ -66,22 +66,25 @@ demo-cluster: venv cluster-up
 	$(KUBECTL) apply -f examples/tiny-cpu.yaml
 	$(KUBECTL) get videojobs -o wide
 
-# Benchmarks write JSON with the machine described under benchmarks/results/.
+# Every file in benchmarks/results/ is written by these scripts, each headed by
+# the commit (and whether the tree was dirty), the machine and the command
+# (benchmarks/machine.py). gpu-*.json come from `make gpu-check` on a GPU machine.
 bench: venv
-	$(PY) benchmarks/planner_bench.py
-	OMP_NUM_THREADS=1 $(PY) benchmarks/runtime_bench.py
-	$(PY) benchmarks/mp4_bench.py
+	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/planner_bench.py
+	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/runtime_bench.py
+	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/mp4_bench.py
 
 # On a GPU machine: CogVideoX-5b full size (random weights), each offload mode,
 # measured vs planned -> benchmarks/results/gpu-*.json. gpu-check-dry-run runs the
 # same script on the CPU with the tiny model.
 gpu-check: venv
-	$(PY) benchmarks/gpu_check.py
+	VIDEOJOB_BENCH_TARGET="make gpu-check" $(PY) benchmarks/gpu_check.py
 
 gpu-check-dry-run: venv
 	OMP_NUM_THREADS=1 $(PY) benchmarks/gpu_check.py --dry-run --steps 2
 
-# Re-measure the memory calibration table the planner reads (minutes on 2 cores).
+# Re-measure the memory calibration table the planner reads (minutes on 2 cores),
+# and refit its constants to the published figures (videojob.planner.fit).
 calibrate: venv
 	$(PY) -m videojob.cli profile --out operator/videojob/planner/calibration.json
 

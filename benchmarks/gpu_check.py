@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from machine import describe  # noqa: E402
+from machine import write_result  # noqa: E402
 from videojob.catalog import get_model  # noqa: E402
 from videojob.planner import GiB, Job, Layout, load_calibration  # noqa: E402
 from videojob.planner.latency import LatencyModel  # noqa: E402
@@ -110,7 +110,7 @@ def main() -> int:
     rows = []
     for mode in args.modes.split(","):
         for tiling in (False, True):
-            layout = Layout(offload=mode, vae_tiling=tiling, free_text_encoder=False)
+            layout = Layout(offload=mode, vae_tiling=tiling, free_text_encoder=False, skip_unread_conv_cache=False)
             estimate = MemoryModel(cal, job).estimate(layout)
             latency = LatencyModel(cal, job, gpu if gpu in ("h200", "h100", "a100", "l40") else "a100").estimate(layout)
             start = time.perf_counter()
@@ -126,13 +126,10 @@ def main() -> int:
             gc.collect()
             if device == "cuda":
                 torch.cuda.empty_cache()
-    result = {"benchmark": "gpu-check", "machine": {**describe(), "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None},
-              "model": MODEL, "width": width, "height": height, "frames": frames, "dtype": dtype, "steps": args.steps,
-              "weights": "random, built from the public configs", "rows": rows}
+    result = {"benchmark": "gpu-check", "model": MODEL, "width": width, "height": height, "frames": frames,
+              "dtype": dtype, "steps": args.steps, "weights": "random, built from the public configs", "rows": rows}
     default = Path("out/gpu-check-dry-run.json") if args.dry_run else RESULTS / f"gpu-{MODEL}-{gpu}.json"
-    out = Path(args.out) if args.out else default
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = write_result(default.name, result, Path(args.out) if args.out else default)
     print(f"wrote {out}")
     return 0
 

@@ -27,11 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-from machine import describe  # noqa: E402
+from machine import write_result  # noqa: E402
 from videojob_runtime.mp4encode import X264_THREADS, encode_frames, encode_in_child  # noqa: E402
 from videojob_runtime.worker import JobRequest, RankWorker  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = 5
 JOB = JobRequest(job_id="mp4-bench", model_id="tiny-cogvideox", task="t2v", prompt="a tiny video", width=64,
                  height=64, frames=9, fps=8, steps=2, guidance=6.0, seed=1, track_memory=False)
@@ -73,12 +72,10 @@ def main() -> int:
                 rows.append({"video": size, "setting": label, "medianSeconds": round(statistics.median(seconds), 3),
                              "distinctOutputs": len(set(digests)), "runs": RUNS, "firstDigest": digests[0][:16]})
                 print(json.dumps(rows[-1]), flush=True)
-    result = {"benchmark": "mp4", "machine": describe(), "command": "python benchmarks/mp4_bench.py (make bench)",
-              "rows": rows,
+    result = {"benchmark": "mp4", "rows": rows,
               "notes": "distinctOutputs 1 means the bytes were a function of the frames over the runs; the "
                        "worker job before each encode leaves a different heap each time."}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "mp4.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {write_result('mp4.json', result)}")
     return 0
 
 

@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 import yaml
+from hypothesis import strategies as st
+
+from videojob.catalog import CACHE_POLICIES, MODEL_IDS, TASKS
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -163,3 +166,40 @@ class RayHead:
         import shutil
 
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+# A spec space around the rules: mostly near-valid values, so both verdicts occur.
+SPEC_SPACE = st.fixed_dictionaries(
+    {"model": st.fixed_dictionaries({"name": st.sampled_from(MODEL_IDS)}), "prompt": st.just("a cat")},
+    optional={
+        "task": st.sampled_from(TASKS),
+        "image": st.just("pvc://inputs/a.png"),
+        "faceImage": st.just("pvc://inputs/face.png"),
+        "video": st.fixed_dictionaries({}, optional={
+            "width": st.sampled_from([16, 48, 64, 100, 256, 512, 720, 721, 832, 1280, 1360, 2048, 4096]),
+            "height": st.sampled_from([16, 48, 64, 480, 512, 700, 704, 720, 768]),
+            "frames": st.sampled_from([1, 5, 9, 16, 17, 32, 33, 49, 50, 81, 161]),
+        }),
+        "sampling": st.fixed_dictionaries({}, optional={"guidanceScale": st.sampled_from([0.0, 1.0, 1.5, 6.0])}),
+        "cache": st.fixed_dictionaries({"policy": st.sampled_from(CACHE_POLICIES)}),
+        "resources": st.fixed_dictionaries({}, optional={"maxGPUs": st.integers(1, 8),
+                                                         "allowOffload": st.booleans()}),
+        "parallel": st.fixed_dictionaries({}, optional={
+            "ulysses": st.integers(1, 8), "ring": st.integers(1, 3), "cfg": st.integers(1, 2)}),
+        "memory": st.fixed_dictionaries({}, optional={
+            "offload": st.sampled_from(["none", "model", "group", "sequential"]),
+            "vaeTiling": st.booleans(), "vaeSlicing": st.booleans()}),
+    },
+)
+
+
+def plannable_without_limits(spec: dict) -> str | None:
+    """Why the planner refuses a (valid) spec on a node with as much of
+    everything as a job can ask for (None: it plans). Such a refusal can only
+    come from the spec itself, which validation should have caught."""
+    from videojob.api import parse_spec
+    from videojob.planner import GiB, Inventory, plan_spec
+
+    node = Inventory(gpu_memory=10**6 * GiB, gpus_per_node=8, host_memory=10**7 * GiB)
+    result = plan_spec(parse_spec(spec), node)
+    return None if result.chosen is not None else result.reason

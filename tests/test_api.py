@@ -90,6 +90,9 @@ def test_yaml_boolean_off_gets_a_hint():
         ("pvc://Bad_Name/x", False),
         ("s3://bucket/x", False),
         ("local://", False),
+        ("pvc://videos//tmp/x", False),  # issue 8: an empty segment after the claim made it /tmp/x
+        ("local://videos/%2e%2e/x", False),
+        ("local://videos/job-1/", True),  # a trailing '/' names the directory
     ],
 )
 def test_output_uri_rules(uri, ok):
@@ -98,7 +101,8 @@ def test_output_uri_rules(uri, ok):
 
 @pytest.mark.parametrize(
     "source,ok",
-    [("hf://THUDM/CogVideoX-5b", True), ("hf://THUDM", False), ("pvc://models/cogvideox", True), ("ftp://x/y", False)],
+    [("hf://THUDM/CogVideoX-5b", True), ("hf://THUDM", False), ("pvc://models/cogvideox", True), ("ftp://x/y", False),
+     ("hf://THUDM/CogVideoX-5b@v1.0", True), ("hf://THUDM/../x", False), ("local://models/./x", False)],
 )
 def test_model_source_rules(source, ok):
     assert ("spec.model.source" not in problems({**BASE, "model": {"name": "cogvideox-5b", "source": source}})) is ok
@@ -106,7 +110,15 @@ def test_model_source_rules(source, ok):
 
 def test_ulysses_must_divide_heads_per_model():
     assert "spec.parallel.ulysses" in problems({**BASE, "model": {"name": "cogvideox-2b"}, "parallel": {"ulysses": 4}})
-    assert problems({**BASE, "parallel": {"ulysses": 4}}) == {}  # 48 heads
+    assert problems({**BASE, "parallel": {"ulysses": 3}}) == {}  # 48 heads, 30 latent rows
+
+
+def test_parallel_must_divide_the_latent_rows_the_planner_would_refuse():
+    """The issue's example: 4 ranks on CogVideoX at 480p passed validation and failed to plan."""
+    found = problems({**BASE, "parallel": {"ulysses": 4}})
+    assert set(found) == {"spec.parallel"} and "30 latent patch rows" in found["spec.parallel"]
+    assert "[1, 2, 3, 5, 6]" in found["spec.parallel"], "the message lists the degrees that work"
+    assert problems({**BASE, "video": {"height": 768, "width": 1360}, "parallel": {"ulysses": 4}}) == {}
 
 
 def test_cfg_parallel_needs_guidance():

@@ -15,9 +15,8 @@ from hypothesis import strategies as st
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from helpers import EXAMPLES, INVALID, REPO, expected_field, load, wait_for
+from helpers import EXAMPLES, INVALID, REPO, SPEC_SPACE, expected_field, load, plannable_without_limits, wait_for
 from videojob.api import InvalidVideoJob, parse_spec
-from videojob.catalog import CACHE_POLICIES, MODEL_IDS, TASKS
 from videojob.crd import CRD_FILE, CRD_NAME
 
 pytestmark = pytest.mark.cluster
@@ -106,31 +105,11 @@ def test_status_schema_rejects_bad_phase(crd, namespace):
     assert result.returncode != 0 and "status.phase" in result.stderr
 
 
-# A spec space around the rules: mostly near-valid values, so both verdicts occur.
-_specs = st.fixed_dictionaries(
-    {"model": st.fixed_dictionaries({"name": st.sampled_from(MODEL_IDS)}), "prompt": st.just("a cat")},
-    optional={
-        "task": st.sampled_from(TASKS),
-        "image": st.just("pvc://inputs/a.png"),
-        "faceImage": st.just("pvc://inputs/face.png"),
-        "video": st.fixed_dictionaries({}, optional={
-            "width": st.sampled_from([16, 48, 64, 100, 256, 512, 720, 721, 1280, 2048, 4096]),
-            "height": st.sampled_from([16, 48, 480, 512, 700, 704, 720, 768]),
-            "frames": st.sampled_from([1, 9, 16, 17, 32, 33, 49, 50, 81, 161]),
-        }),
-        "sampling": st.fixed_dictionaries({}, optional={"guidanceScale": st.sampled_from([0.0, 1.0, 1.5, 6.0])}),
-        "cache": st.fixed_dictionaries({"policy": st.sampled_from(CACHE_POLICIES)}),
-        "resources": st.fixed_dictionaries({"maxGPUs": st.integers(1, 8)}),
-        "parallel": st.fixed_dictionaries({}, optional={
-            "ulysses": st.integers(1, 8), "ring": st.integers(1, 3), "cfg": st.integers(1, 2)}),
-    },
-)
-
-
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(spec=_specs)
+@given(spec=SPEC_SPACE)
 def test_server_and_python_agree(custom_api, namespace, spec):
-    """CEL in the CRD and the Python rules give the same verdict on the same spec."""
+    """CEL in the CRD and the Python rules give the same verdict on the same spec,
+    and what the server accepts the planner can plan (given enough GPUs)."""
     try:
         parse_spec(spec)
         python_problems: list[str] = []
@@ -148,3 +127,17 @@ def test_server_and_python_agree(custom_api, namespace, spec):
     )
     if server_error:
         assert any(f"{field}:" in server_error for field in python_problems), (python_problems, server_error)
+    else:
+        problem = plannable_without_limits(spec)
+        assert problem is None, f"the server accepted a spec the planner refuses: {problem}\n{yaml.safe_dump(spec)}"
+
+
+def test_kubectl_explain_shows_what_fields_mean(crd):
+    video = crd.kubectl("explain", "videojob.spec.video").stdout
+    for field in ("width", "height", "frames", "fps"):
+        assert field in video
+    assert "Width in pixels" in video and "native" in video and "Frames per second" in video
+    quantity = crd.kubectl("explain", "videojob.spec.resources.gpuMemory").stdout
+    assert "Kubernetes quantity" in quantity and "24Gi" in quantity
+    conditions = crd.kubectl("explain", "videojob.status.conditions").stdout
+    assert "latest condition of each type" in conditions

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from helpers import EXAMPLES, INVALID, REPO, expected_field
+from videojob.catalog import MODEL_IDS
 
 
 def videojob(*args: str) -> subprocess.CompletedProcess:
@@ -59,3 +60,31 @@ def test_crd_command_prints_the_crd():
     result = videojob("crd")
     assert result.returncode == 0
     assert "kind: CustomResourceDefinition" in result.stdout and "name: videojobs.videojob.io" in result.stdout
+
+
+def test_set_keeps_text_fields_as_text():
+    """README's own example: YAML would read `off` as false; a text field keeps what was written."""
+    from videojob.cli import apply_overrides
+
+    doc = apply_overrides({"spec": {}}, ["cache.policy=off", "prompt=42", "negativePrompt=no", "parallel.ulysses=2",
+                                         "memory.vaeTiling=true", "seed=null", "resources.gpuMemory=24Gi"])
+    spec = doc["spec"]
+    assert spec["cache"]["policy"] == "off" and spec["prompt"] == "42" and spec["negativePrompt"] == "no"
+    assert spec["parallel"]["ulysses"] == 2 and spec["memory"]["vaeTiling"] is True and spec["seed"] is None
+    assert spec["resources"]["gpuMemory"] == "24Gi"
+
+
+@pytest.mark.parametrize("model", [m for m in MODEL_IDS])
+def test_plan_model_flag_works_for_every_model_without_inputs(model):
+    """A plan needs no input images: `plan --model consisid` must not ask for a face."""
+    result = subprocess.run([sys.executable, "-m", "videojob.cli", "plan", "--model", model, "--gpu-memory", "80Gi",
+                             "--gpus", "8"], capture_output=True, text=True, timeout=60)
+    assert result.returncode in (0, 3), result.stderr
+    assert "faceImage" not in result.stderr and "image" not in result.stderr
+
+
+def test_profile_out_never_defaults_into_the_package():
+    from videojob.cli import build_parser
+
+    args = build_parser().parse_args(["profile"])
+    assert args.out == "calibration.json"

@@ -54,3 +54,33 @@ def test_printer_columns_and_status_subresource():
     names = [c["name"] for c in version["additionalPrinterColumns"]]
     assert names[:4] == ["Phase", "Progress", "GPUs", "Model"] and "Age" in names
     assert version["subresources"] == {"status": {}}
+
+
+def _undescribed(node: dict, path: str) -> list[str]:
+    missing = []
+    for name, prop in (node.get("properties") or {}).items():
+        here = f"{path}.{name}"
+        if not str(prop.get("description", "")).strip():
+            missing.append(here)
+        missing += _undescribed(prop, here)
+        if prop.get("type") == "array":
+            missing += _undescribed(prop.get("items", {}), here + "[]")
+    return missing
+
+
+def test_every_field_has_a_description():
+    """`kubectl explain videojob.spec...` shows what each field means, its unit and its default."""
+    from videojob.crd import build_crd
+
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    missing = _undescribed(schema["properties"]["spec"], "spec") + _undescribed(schema["properties"]["status"], "status")
+    assert missing == []
+
+
+def test_conditions_are_a_map_list_keyed_by_type():
+    from videojob.crd import build_crd
+
+    status = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    conditions = status["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"] and "type" in conditions["items"]["required"]

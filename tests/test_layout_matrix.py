@@ -17,6 +17,8 @@ as different statistics and different frames.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -25,7 +27,7 @@ pytest.importorskip("xfuser")
 
 from videojob.api import parse_spec  # noqa: E402
 from videojob.catalog import CATALOG, get_model  # noqa: E402
-from videojob.planner import GiB, Inventory, Layout, enumerate_layouts, request_from_spec  # noqa: E402
+from videojob.planner import GiB, Inventory, Layout, candidate_layouts, request_from_spec  # noqa: E402
 
 NODE = Inventory(gpu_memory=1024 * GiB, gpus_per_node=2, host_memory=4096 * GiB, gpu_type="generic")
 TINY = tuple(m.id for m in CATALOG.values() if m.tiny)
@@ -34,12 +36,12 @@ ALWAYS = {"dbcache": 1.0, "fbcache": 1e9, "teacache": 1e9}
 STEPS = 2
 
 
-def _spec(model_id: str, cache: str, slicing: bool | None) -> dict:
+def _spec(model_id: str, cache: str, memory: dict) -> dict:
     model = get_model(model_id)
     data = {"model": {"name": model_id, "dtype": "float32"}, "prompt": "a tiny matrix video",
             "sampling": {"steps": STEPS}, "cache": {"policy": cache}, "resources": {"maxGPUs": 2}}
-    if slicing is not None:
-        data["memory"] = {"vaeSlicing": slicing}
+    if memory:
+        data["memory"] = memory
     if "i2v" in model.tasks:
         data["image"] = "local://inputs/image.png"
     if "identity" in model.tasks:
@@ -51,10 +53,12 @@ def planner_layouts(model_id: str) -> list[Layout]:
     """The distinct layouts the planner can emit for this model on the 2-rank node."""
     model = get_model(model_id)
     out: dict[Layout, None] = {}
+    # spec.memory overrides reach the layouts only they choose (VAE slicing; decode
+    # offload, which the planner adds by itself only where decode sets the peak).
     for cache in (c for c in model.caches if c != "auto"):
-        for slicing in (None, True):
-            request = request_from_spec(parse_spec(_spec(model_id, cache, slicing)))
-            for layout in enumerate_layouts(request, NODE):
+        for memory in ({}, {"vaeSlicing": True}, {"decodeOffload": True}):
+            request = request_from_spec(parse_spec(_spec(model_id, cache, memory)))
+            for layout in candidate_layouts(request, NODE):
                 out[layout] = None
     return list(out)
 
@@ -67,7 +71,7 @@ CASES = sorted(((m, lay) for m in TINY for lay in planner_layouts(m)),
 def _case_id(case) -> str:
     model_id, lay = case
     return f"{model_id}-u{lay.ulysses}r{lay.ring}c{lay.cfg}-{lay.offload}-t{int(lay.vae_tiling)}" \
-           f"s{int(lay.vae_slicing)}-{lay.cache}"
+           f"s{int(lay.vae_slicing)}d{int(lay.decode_offload)}-{lay.cache}"
 
 
 def test_the_matrix_covers_what_the_issue_asks():
@@ -75,6 +79,7 @@ def test_the_matrix_covers_what_the_issue_asks():
     layouts = [lay for _, lay in CASES]
     assert {lay.offload for lay in layouts} == {"none", "model", "group", "sequential"}
     assert {(lay.vae_tiling, lay.vae_slicing) for lay in layouts} == {(a, b) for a in (0, 1) for b in (0, 1)}
+    assert {lay.decode_offload for lay in layouts} == {False, True}
     assert {lay.cache for lay in layouts} == {"off", "dbcache", "fbcache", "teacache"}
     assert {(lay.ulysses, lay.ring, lay.cfg) for lay in layouts} == {(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2)}
     families = {get_model(m).family for m, _ in CASES}
@@ -96,10 +101,11 @@ def _request(model_id: str, lay: Layout, inputs: dict, job_id: str):
         job_id=job_id, model_id=model_id, task=task, prompt="a tiny matrix video", width=model.native_width,
         height=model.native_height, frames=model.native_frames, fps=model.native_fps, steps=STEPS,
         guidance=model.default_guidance, seed=11, dtype="float32", offload=lay.offload,
-        vae_tiling=lay.vae_tiling, vae_slicing=lay.vae_slicing, cache=lay.cache,
+        vae_tiling=lay.vae_tiling, vae_slicing=lay.vae_slicing, cache=lay.cache, decode_offload=lay.decode_offload,
         cache_threshold=ALWAYS.get(lay.cache), frames_dtype="float32", track_memory=False,
         image=inputs["image"] if task == "i2v" else None,
         face_image=inputs["face"] if task == "identity" else None,
+        local_inputs_dir=str(Path(inputs["face"]).parent),  # the test's own files: plain paths inside it
     )
 
 

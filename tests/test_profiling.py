@@ -137,10 +137,12 @@ def test_every_catalog_model_has_component_configs():
 def test_checked_in_calibration_table():
     assert CALIBRATION.exists(), "run: python -m videojob_runtime.profiling --out " + str(CALIBRATION)
     table = json.loads(CALIBRATION.read_text())
-    assert table["schema"] == 1
+    assert table["schema"] == 2
     for key in ("torch", "diffusers", "transformers", "python", "platform", "generated"):
         assert table["environment"][key]
-    assert table["method"]
+    assert table["method"] and table["constants"]
+    assert table["environment"]["profiling_seconds"] == pytest.approx(
+        sum(m["profiled"]["seconds"] for m in table["models"].values()), abs=0.1 * len(table["models"]))
     models = table["models"]
     missing = table.get("missing", {})
     assert set(models) | set(missing) == set(MODEL_IDS)
@@ -176,7 +178,53 @@ def test_checked_in_calibration_table():
         assert any(s["frames"] < info.native_frames for s in den)
         dec = [s for s in entry["samples"] if s["stage"] == "decode"]
         assert {s["tiling"] for s in dec} == {True, False}
+        assert entry["profiled"]["at"] and entry["profiled"]["torch"]
+        denoiser = "transformer" if "transformer" in comps else "unet"
+        assert 0.4 < comps[denoiser]["fp8_weight_bytes"]["bfloat16"] / comps[denoiser]["weight_bytes"]["bfloat16"] < 0.75
+        skipped = [s for s in dec if s.get("skip_unread_conv_cache")]
+        assert bool(skipped) == (info.family.value in ("cogvideox", "consisid")), mid
+        if skipped:
+            assert {s["tiling"] for s in skipped} == {True, False}
+        two_calls = [s for s in den if s.get("calls") == 2]
+        assert bool(two_calls) == (not info.cfg_batched), mid
         if not info.tiny:
             enc = {s["dtype"] for s in entry["samples"]
                    if s["stage"] == "encode" and s["component"] == "text_encoder"}
             assert enc >= {"bfloat16", "float16"}
+
+
+def test_merging_a_subset_keeps_the_other_models_records(tmp_path):
+    """`videojob profile --models X` into an existing table: X is re-profiled,
+    every other model keeps its entry and its own profiling record, and the
+    environment's profiling_seconds is the sum over the table (not the run's)."""
+    from videojob_runtime.profiling import write_calibration
+
+    out = tmp_path / "cal.json"
+    first = write_calibration(out, ["tiny-wan"], progress=None, merge=False)
+    wan = first["models"]["tiny-wan"]
+    second = write_calibration(out, ["tiny-cogvideox"], progress=None)
+    assert list(second["models"]) == ["tiny-cogvideox", "tiny-wan"]
+    assert second["models"]["tiny-wan"]["profiled"] == wan["profiled"]
+    assert second["environment"]["this_run"]["models"] == ["tiny-cogvideox"]
+    assert second["environment"]["this_run"]["merged"] is True
+    total = sum(m["profiled"]["seconds"] for m in second["models"].values())
+    assert second["environment"]["profiling_seconds"] == pytest.approx(total, abs=0.15)
+    assert second["environment"]["profiling_seconds"] > second["models"]["tiny-cogvideox"]["profiled"]["seconds"]
+    # The constants are complete; fitted ones a tiny table cannot refit are carried over, and say so.
+    from videojob.planner import parse_calibration
+
+    table = json.loads(out.read_text())
+    assert "carried over" in table["constants"]["conv_workspace_bytes_per_pixel"]["provenance"]
+    assert parse_calibration(table).constants is not None
+
+
+def test_two_call_step_holds_the_first_output():
+    """A Wan step under guidance (two batch-1 calls) peaks above one batch-1 call
+    by at least the first call's output, which it keeps."""
+    one = stages.profile_denoise("tiny-wan", 64, 64, 9, 1, "float32")
+    two = stages.profile_denoise("tiny-wan", 64, 64, 9, 1, "float32", calls=2)
+    out = 1 * 4 * 3 * 8 * 8 * 4  # [1, C=4, latent frames 3, 8, 8] float32
+    assert two["calls"] == 2 and "calls" not in one
+    assert two["activation_peak_bytes"] >= one["activation_peak_bytes"] + out
+    with pytest.raises(ValueError, match="calls"):
+        stages.profile_denoise("tiny-wan", 64, 64, 9, 1, "float32", calls=3)

@@ -49,6 +49,7 @@ def test_run_writes_to_the_specs_output_uri(tmp_path):
     assert summary["seed"] == 0 and summary["seedDrawn"] is False
     assert summary["framesDigest"].startswith("sha256:")
     assert "ulysses2" in result.stdout and "embedded local cluster" in result.stdout
+    assert "per CPU rank" in result.stdout and "per GPU" not in result.stdout, "a CPU run says CPU rank"
 
 
 def test_out_overrides_the_output_uri_and_says_so_and_an_unset_seed_is_drawn(tmp_path):

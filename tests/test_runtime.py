@@ -8,6 +8,7 @@ cleanup ``test_runtime_faults.py``; ``videojob run`` ``test_run_cli.py``.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +27,10 @@ def _request(model_id: str = "tiny-cogvideox", **overrides) -> JobRequest:
     base = dict(job_id="t", model_id=model_id, task="t2v", prompt="a tiny test video", width=64, height=64,
                 frames=9, fps=8, steps=3, guidance=6.0 if "cog" in model_id else 5.0, seed=7,
                 frames_dtype="float32")
+    for key in ("image", "face_image"):
+        if overrides.get(key) and "://" not in overrides[key]:
+            # A test's own file: plain paths are accepted only inside a directory the request names.
+            base["local_inputs_dir"] = str(Path(overrides[key]).parent)
     return JobRequest(**{**base, **overrides})
 
 
@@ -292,14 +297,27 @@ def test_prompts_are_encoded_at_the_pipelines_own_length():
         assert kwargs["max_sequence_length"] == tokens, model_id
 
 
-def test_uri_locations(monkeypatch):
-    from videojob_runtime.locations import local_path
+def test_uri_locations(monkeypatch, tmp_path):
+    """Each kind under its root; a plain path only inside a directory the caller names;
+    other schemes refused naming the field (tests/test_containment.py has the hostile table)."""
+    from videojob_runtime.errors import JobFailure
+    from videojob_runtime.locations import resolve
     from videojob_runtime.output import resolve_location
 
     monkeypatch.setenv("VIDEOJOB_OUTPUT_ROOT", "/data/out")
+    monkeypatch.setenv("VIDEOJOB_DATA_ROOT", "/data/in")
+    monkeypatch.setenv("VIDEOJOB_MODEL_ROOT", "/data/models")
     monkeypatch.setenv("VIDEOJOB_VOLUMES_ROOT", "/mnt/vols")
     assert str(resolve_location("local://videos/job")) == "/data/out/videos/job"
     assert str(resolve_location("pvc://claim-a/videos/job")) == "/mnt/vols/claim-a/videos/job"
-    assert str(local_path("some/dir", "X", "/unused")) == "some/dir"
-    with pytest.raises(ValueError, match="unsupported scheme"):
-        local_path("s3://bucket/key", "X", "/unused")
+    assert str(resolve_location("pvc://claim-a")) == "/mnt/vols/claim-a"
+    assert str(resolve("local://a.png", "input", "spec.image")) == "/data/in/a.png"
+    assert str(resolve("local://m/cogvideox", "source", "spec.model.source")) == "/data/models/m/cogvideox"
+    assert str(resolve("local://x", "output", "spec.output.uri", root=tmp_path)) == str(tmp_path.resolve() / "x")
+    assert resolve("some/dir", "output", "spec.output.uri", local_dir=tmp_path) == tmp_path.resolve() / "some/dir"
+    with pytest.raises(JobFailure, match="spec.output.uri: 'some/dir' has no scheme"):
+        resolve("some/dir", "output", "spec.output.uri")
+    with pytest.raises(JobFailure, match="spec.output.uri: 's3://bucket/key' must start with one of"):
+        resolve("s3://bucket/key", "output", "spec.output.uri")
+    with pytest.raises(JobFailure, match="spec.model.source: 'hf://a/b' is not a file on this machine"):
+        resolve("hf://a/b", "source", "spec.model.source")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,7 +41,8 @@ def _request(model_id: str, image: str, **overrides) -> JobRequest:
     task = MODELS[model_id]
     base = dict(job_id="unet", model_id=model_id, task=task, prompt="a small red boat on a lake",
                 negative_prompt="blurry", width=64, height=64, frames=8, fps=8, steps=2, guidance=7.5,
-                seed=11, image=image if task == "i2v" else None, frames_dtype="float32")
+                seed=11, image=image if task == "i2v" else None, frames_dtype="float32",
+                local_inputs_dir=str(Path(image).parent) if image else None)  # the test's own image, inside it
     return JobRequest(**{**base, **overrides})
 
 

@@ -333,3 +333,136 @@ def test_release_under_offload_hooks_is_a_noop():
 def test_bad_text_encoder_config_names_the_field():
     with pytest.raises(ValueError, match="TextEncoderConfig.release"):
         TextEncoderConfig("gpu")
+
+
+# ---------------------------------------------------------------- VAE unread conv cache
+
+def test_skipping_the_unread_conv_cache_is_bit_identical_and_lowers_the_decode_peak(reference):
+    from videojob_runtime.profiling import stages
+    from videojob_runtime.strategies import VaeConvCacheConfig, apply_vae_conv_cache
+
+    pipe = _fresh("tiny-cogvideox")
+    result = apply_vae_conv_cache(pipe.vae, VaeConvCacheConfig(skip_unread=True))
+    assert result.applicable and result.skipping > 0
+    assert np.array_equal(_run(pipe), reference["tiny-cogvideox"])
+    for tiling in (False, True):  # and the same with tiles
+        apply_vae(pipe, VaeConfig(tiling=tiling))
+        skipped = _run(pipe, steps=1)
+        apply_vae_conv_cache(pipe.vae, VaeConvCacheConfig(skip_unread=False))
+        assert np.array_equal(skipped, _run(pipe, steps=1)), tiling
+        apply_vae_conv_cache(pipe.vae, VaeConvCacheConfig(skip_unread=True))
+    # The decode's live bytes, measured on the real tiny VAE (not fake tensors).
+    torch.manual_seed(0)
+    from videojob_runtime.configs import build_component
+
+    peaks = {}
+    for skip in (False, True):
+        vae = build_component("tiny-cogvideox", "vae", "float32")
+        apply_vae_conv_cache(vae, VaeConvCacheConfig(skip_unread=skip))
+        inputs, call = stages._decode_call("tiny-cogvideox", vae, 64, 64, 9, "float32")
+        peaks[skip], _ = stages._measure(vae, inputs, call)
+    assert peaks[True] < 0.9 * peaks[False]
+    profiled = stages.profile_decode("tiny-cogvideox", 64, 64, 9, "float32", skip_unread_conv_cache=True)
+    assert profiled["activation_peak_bytes"] == peaks[True]
+
+
+def test_vae_conv_cache_leaves_other_vaes_alone_and_names_the_field():
+    from videojob_runtime.strategies import VaeConvCacheConfig, apply_vae_conv_cache
+
+    wan = build_tiny_pipeline("tiny-wan", "t2v")
+    result = apply_vae_conv_cache(wan.vae, VaeConvCacheConfig())
+    assert not result.applicable and result.skipping == 0
+    with pytest.raises(ValueError, match="VaeConvCacheConfig.skip_unread"):
+        VaeConvCacheConfig(skip_unread="yes")
+    with pytest.raises(ValueError, match="VaeConvCacheConfig"):
+        apply_vae_conv_cache(wan, VaeConvCacheConfig())  # the pipeline, not its vae
+
+
+# ---------------------------------------------------------------- decode offload
+
+def _job(**kw):
+    from videojob_runtime.request import JobRequest
+
+    base = dict(job_id="d", model_id="tiny-cogvideox", task="t2v", prompt=PROMPT, negative_prompt=NEGATIVE,
+                width=64, height=64, frames=9, fps=8, steps=2, guidance=6.0, seed=3, frames_dtype="float32",
+                track_memory=False)
+    return JobRequest(**{**base, **kw})
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_decode_offload_moves_the_denoiser_between_the_last_step_and_the_decode(model):
+    """Through the worker: the denoiser goes to the host after its last call and
+    before vae.decode, comes back before the next job's first call, and the
+    frames are those of a job without it."""
+    from videojob_runtime.pipelines import denoiser, inner_pipeline
+    from videojob_runtime.worker import RankWorker
+
+    worker = RankWorker(0, 1)
+    plain = worker.run(_job(model_id=model, job_id="plain"))
+    assert plain["ok"] and plain["decode_offload"] is None  # never armed: nothing installed
+    log: list[tuple[str, str]] = []
+    inner = inner_pipeline(worker.pipe)
+    transformer = denoiser(worker.pipe)
+    move = transformer.to
+
+    def to(*args, **kwargs):
+        log.append(("to", str(torch.device(args[0] if args else kwargs["device"]))))
+        return move(*args, **kwargs)
+
+    transformer.to = to
+    transformer.register_forward_pre_hook(
+        lambda mod, args: log.append(("forward", str(next(mod.parameters()).device))))
+    decode = inner.vae.decode
+    inner.vae.decode = lambda *a, **k: (log.append(("decode", "")), decode(*a, **k))[1]
+
+    moved = worker.run(_job(model_id=model, job_id="moved", decode_offload=True))
+    assert moved["ok"] and moved["decode_offload"]["parked"] and moved["reused"]
+    assert moved["frames_digest"] == plain["frames_digest"]
+    assert np.array_equal(moved["frames"], plain["frames"])
+    kinds = [k for k, _ in log]
+    park = kinds.index("to")
+    assert ("to", "cpu") == log[park]
+    assert "forward" in kinds[:park] and "forward" not in kinds[park:]  # after the last denoiser call
+    assert kinds[park + 1] == "decode"  # right before the decode
+    assert all(p.device.type == "cpu" for p in transformer.parameters())  # on the host (here: the CPU)
+    state = getattr(inner, "_videojob_decode_offload")
+    assert [e for e, _ in state.events] == ["decode", "park"]
+
+    log.clear()
+    again = worker.run(_job(model_id=model, job_id="after"))  # the next job, without the offload
+    assert again["ok"] and again["frames_digest"] == plain["frames_digest"]
+    kinds = [k for k, _ in log]
+    assert kinds[0] == "to" and log[0] == ("to", DEVICE) and kinds.index("forward") > 0  # back before denoising
+    assert "to" not in kinds[1:]  # and not moved again: this job did not ask for it
+    assert [e for e, _ in state.events][-2:] == ["restore", "decode"]
+    assert again["decode_offload"]["restoreSeconds"] >= 0 and not again["decode_offload"]["parked"]
+
+
+def test_decode_offload_refuses_offload_hooks_and_names_the_field():
+    from videojob_runtime.pipelines import denoiser
+    from videojob_runtime.request import JobRequest
+    from videojob_runtime.strategies import DecodeOffloadConfig, apply_decode_offload
+
+    with pytest.raises(ValueError, match="JobRequest.decode_offload"):
+        _job(decode_offload=True, offload="model")
+    with pytest.raises(ValueError, match="DecodeOffloadConfig.enabled"):
+        DecodeOffloadConfig(enabled="yes")
+    with pytest.raises(ValueError, match="DecodeOffloadConfig.host"):
+        DecodeOffloadConfig(enabled=True, host="cuda")
+    pipe = build_tiny_pipeline("tiny-cogvideox", "t2v")
+    with pytest.raises(ValueError, match="DecodeOffloadConfig.enabled"):
+        apply_decode_offload(pipe, denoiser(pipe), DecodeOffloadConfig(enabled=True), "cpu", offload="group")
+    assert JobRequest.from_dict(_job(decode_offload=True).to_dict()).decode_offload is True
+
+
+def test_catalog_decoding_ranks_match_how_the_runtime_runs_each_family():
+    """xfuser's pipeline wrappers decode on the last rank only; the plain
+    diffusers pipeline (Wan, with xfuser's transformer) decodes on every rank."""
+    from videojob.catalog import CATALOG
+    from videojob_runtime.pipelines import _PARALLEL
+
+    for model in CATALOG.values():
+        if not model.sequence_parallel:
+            continue
+        kind, _ = _PARALLEL[(model.family, model.tasks[0])]
+        assert model.decoding_ranks == ("last" if kind == "wrapper" else "all"), model.id

@@ -128,6 +128,12 @@ class ModelInfo:
     # passes into one denoiser call per step (CogVideoX, ConsisID, the UNets);
     # Wan's calls the denoiser twice per step, each at batch 1.
     cfg_batched: bool = True
+    # Which ranks of a multi-rank job run the VAE decode: "all" (Wan: the plain
+    # diffusers pipeline on every rank, each decoding the whole video) or
+    # "last" (xfuser 0.7.0's CogVideoX and ConsisID wrappers decode on the
+    # last data-parallel rank only, ``is_dp_last_group``; the others return
+    # None). One rank either way for single-GPU models.
+    decoding_ranks: str = "all"
     # Learned positional embeddings pin the resolution (CogVideoX-5b-I2V).
     fixed_resolution: bool = False
     min_size: int = 64
@@ -189,6 +195,7 @@ _MODELS: tuple[ModelInfo, ...] = (
         ),
         sp_split="height",
         sp_needs_guidance=True,
+        decoding_ranks="last",
     ),
     ModelInfo(
         id="cogvideox-5b",
@@ -215,6 +222,7 @@ _MODELS: tuple[ModelInfo, ...] = (
         ),
         sp_split="height",
         sp_needs_guidance=True,
+        decoding_ranks="last",
     ),
     ModelInfo(
         id="cogvideox-5b-i2v",
@@ -242,6 +250,7 @@ _MODELS: tuple[ModelInfo, ...] = (
         fixed_resolution=True,
         sp_split="height",
         sp_needs_guidance=True,
+        decoding_ranks="last",
         # xfuser 0.7.0 has no image-to-video CogVideoX wrapper: one rank.
         sequence_parallel=False,
     ),
@@ -270,6 +279,7 @@ _MODELS: tuple[ModelInfo, ...] = (
         ),
         sp_split="height",
         sp_needs_guidance=True,
+        decoding_ranks="last",
     ),
     ModelInfo(
         id="consisid",
@@ -297,6 +307,7 @@ _MODELS: tuple[ModelInfo, ...] = (
         fixed_resolution=True,
         sp_split="height",
         sp_needs_guidance=True,
+        decoding_ranks="last",
     ),
     ModelInfo(
         id="wan2.1-t2v-1.3b",
@@ -430,6 +441,7 @@ _MODELS: tuple[ModelInfo, ...] = (
         tiny=True,
         sp_split="height",
         sp_needs_guidance=True,
+        decoding_ranks="last",
     ),
     ModelInfo(
         id="tiny-cogvideox-i2v",
@@ -454,6 +466,7 @@ _MODELS: tuple[ModelInfo, ...] = (
         tiny=True,
         sp_split="height",
         sp_needs_guidance=True,
+        decoding_ranks="last",
         # xfuser 0.7.0 has no image-to-video CogVideoX wrapper: one rank.
         sequence_parallel=False,
     ),
@@ -480,6 +493,7 @@ _MODELS: tuple[ModelInfo, ...] = (
         tiny=True,
         sp_split="height",
         sp_needs_guidance=True,
+        decoding_ranks="last",
     ),
     ModelInfo(
         id="tiny-wan",

@@ -7,9 +7,10 @@ what `videojob validate` says is what the operator would say.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import yaml
 
@@ -93,7 +94,7 @@ def _plan_spec_from_args(args: argparse.Namespace):
              "spec.video.frames": "--frames", "spec.sampling.steps": "--steps",
              "spec.sampling.guidanceScale": "--guidance", "spec.model.dtype": "--dtype", "spec.cache.policy": "--cache"}
     try:
-        return parse_spec(data)
+        return parse_spec(data, for_plan=True)  # a plan needs no input images
     except InvalidVideoJob as exc:
         raise InvalidVideoJob([Problem(flags.get(p.field, p.field), p.message) for p in exc.problems]) from None
 
@@ -164,8 +165,43 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return profile_main(argv)
 
 
+def _text_field(path: list[str]) -> bool:
+    """Whether the spec field at this camelCase path holds text (str, or a Literal
+    of strings): then ``--set`` keeps the value as written, so ``cache.policy=off``
+    stays "off" instead of YAML's boolean false."""
+    import types
+    import typing
+
+    from pydantic import BaseModel
+
+    from .api import VideoJobSpec
+
+    model: Any = VideoJobSpec
+    annotation: Any = None
+    for part in path:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return False
+        field = next((f for name, f in model.model_fields.items() if part in (name, f.alias)), None)
+        if field is None:
+            return False
+        annotation = field.annotation
+        while True:
+            origin = typing.get_origin(annotation)
+            if origin is typing.Annotated:
+                annotation = typing.get_args(annotation)[0]
+            elif origin in (typing.Union, types.UnionType):
+                annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+            else:
+                break
+        model = annotation
+    if typing.get_origin(annotation) is typing.Literal:
+        return all(isinstance(v, str) for v in typing.get_args(annotation))
+    return annotation is str
+
+
 def apply_overrides(doc: dict, assignments: Sequence[str]) -> dict:
-    """``--set parallel.ulysses=2``: set a dotted spec field (YAML-typed value)."""
+    """``--set parallel.ulysses=2``: set a dotted spec field. Text fields take the
+    value as written; others read it as YAML (numbers, booleans, null, lists)."""
     for item in assignments:
         key, sep, raw = item.partition("=")
         if not sep or not key:
@@ -177,7 +213,10 @@ def apply_overrides(doc: dict, assignments: Sequence[str]) -> dict:
             if not isinstance(child, dict):
                 raise InvalidVideoJob([Problem("--set", f"spec.{'.'.join(path[:-1])} is not an object")])
             node = child
-        node[path[-1]] = yaml.safe_load(raw) if raw else ""
+        if _text_field(path) and raw != "null":
+            node[path[-1]] = raw
+        else:
+            node[path[-1]] = yaml.safe_load(raw) if raw else ""
     return doc
 
 
@@ -196,7 +235,9 @@ def _log_to_file(path: Path) -> None:
     import logging
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, mode="w")
+    # O_NOFOLLOW: a link placed at the log's name is refused, not written through.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    handler = logging.StreamHandler(os.fdopen(fd, "w"))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("videojob")
     root.addHandler(handler)
@@ -223,7 +264,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     settings = RunSettings()
     out = Path(args.out) if args.out else None
-    directory, where = output_location(job, out, settings)
+    from videojob_runtime.errors import JobFailure
+
+    try:
+        directory, where = output_location(job, out, settings)
+    except JobFailure as exc:  # spec.output.uri leaves its root (a link pointing out): the message names it
+        print(f"{args.file}: {exc.message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     log_path = directory / f"{job.name or 'video'}.log"
     _log_to_file(log_path)
     if not args.quiet:
@@ -303,7 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
         "profile",
         help="measure each model's memory under FakeTensorMode and write the planner's calibration table",
     )
-    profile.add_argument("--out", default=str(Path(__file__).parent / "planner" / "calibration.json"))
+    profile.add_argument("--out", default="calibration.json",
+                         help="where to write the table (default ./calibration.json; `make calibrate` writes the "
+                              "planner's own, operator/videojob/planner/calibration.json)")
     profile.add_argument("--models", help="comma-separated catalog ids (default: all)")
     profile.add_argument("--no-merge", action="store_true", help="with --models, drop the other models' entries")
     profile.set_defaults(func=_cmd_profile)

@@ -52,7 +52,8 @@ def machine_inventory() -> tuple[Inventory, str]:
         return Inventory(gpu_memory=props.total_memory, gpus_per_node=torch.cuda.device_count(),
                          host_memory=host, gpu_type=kind), "cuda"
     ranks = max(1, min(8, os.cpu_count() or 1))
-    return Inventory(gpu_memory=host // ranks, gpus_per_node=ranks, host_memory=host, gpu_type="generic"), "cpu"
+    return Inventory(gpu_memory=host // ranks, gpus_per_node=ranks, host_memory=host, gpu_type="generic",
+                     unit="CPU rank"), "cpu"
 
 
 @contextlib.contextmanager
@@ -99,11 +100,27 @@ def output_location(job: VideoJob, out_dir: Path | None, settings: RunSettings) 
         return out_dir, note
     if spec_uri is None:
         return Path(settings.output_root), f"spec.output is unset: {settings.output_root}"
-    from .locations import local_path
+    from .locations import resolve
 
-    # local:// under VIDEOJOB_OUTPUT_ROOT (default ./out for `videojob run`), pvc:// under the claim's mount.
-    path = local_path(spec_uri, "VIDEOJOB_OUTPUT_ROOT", settings.output_root)
+    # local:// under VIDEOJOB_OUTPUT_ROOT (default ./out for `videojob run`), pvc:// under the claim's mount;
+    # contained there, links followed (a JobFailure naming spec.output.uri otherwise).
+    path = resolve(spec_uri, "output", "spec.output.uri", root=settings.output_root)
     return path, f"spec.output.uri {spec_uri} -> {path}"
+
+
+def output_name(job: VideoJob) -> str:
+    """The job's file-name stem: its name, refused unless a DNS-1123 subdomain
+    (the API server's rule; checked again here, where it becomes a file name)."""
+    from videojob.api.uris import name_problem
+
+    from .errors import JobFailure
+
+    if not job.name:
+        return "video"
+    problem = name_problem(job.name)
+    if problem is not None:
+        raise JobFailure(f"metadata.name {problem}", stage="request", field="metadata.name")
+    return job.name
 
 
 def job_request(job: VideoJob, layout_json: dict[str, Any], out_dir: Path | None) -> JobRequest:
@@ -112,7 +129,7 @@ def job_request(job: VideoJob, layout_json: dict[str, Any], out_dir: Path | None
     model = get_model(spec.model.name)
     seed = spec.seed if spec.seed is not None else secrets.randbelow(SEED_LIMIT)
     return JobRequest(
-        job_id=job.name or uuid.uuid4().hex[:8],
+        job_id=output_name(job) if job.name else uuid.uuid4().hex[:8],
         model_id=model.id,
         task=spec.effective_task,
         prompt=spec.prompt,
@@ -132,10 +149,11 @@ def job_request(job: VideoJob, layout_json: dict[str, Any], out_dir: Path | None
         vae_tiling=layout_json["vaeTiling"],
         vae_slicing=layout_json["vaeSlicing"],
         fp8_weights=layout_json["fp8Weights"],
+        decode_offload=layout_json["decodeOffload"],
         cache=layout_json["cache"],
         cache_threshold=spec.cache.threshold,
         output_dir=str(out_dir) if out_dir else None,
-        output_name=job.name or "video",
+        output_name=output_name(job),
         result_extra={"plan": layout_json, "spec": job.spec.to_wire(), "seedDrawn": spec.seed is None},
     )
 
@@ -146,8 +164,11 @@ def _error(reason: str, stage: str, message: str, **extra: Any) -> dict[str, Any
 
 def run_local(job: VideoJob, out_dir: Path | None = None, on_progress: Callable[[dict], None] | None = None,
               settings: RunSettings | None = None) -> dict[str, Any]:
-    """Plan, run and write one job; always returns a dict (``ok``, or ``error`` with reason and stage)."""
+    """Plan, run and write one job; always returns a dict (``ok``, or ``error`` with reason and stage).
+    https inputs are fetched here, once for all ranks, and removed when the job ends (``staged_inputs``)."""
+    from .errors import JobFailure
     from .group import ActorGroup, GroupSpec, GroupStartError, group_name
+    from .inputs import staged_inputs
     from .worker import short_traceback
 
     settings = settings or RunSettings()
@@ -156,26 +177,35 @@ def run_local(job: VideoJob, out_dir: Path | None = None, on_progress: Callable[
     if plan.chosen is None:
         return {**_error("DoesNotFit", "plan", plan.reason), "exit": 3}
     layout = plan.chosen.to_json()
-    directory, where = output_location(job, out_dir, settings)
-    request = job_request(job, layout, directory.resolve())
+    try:
+        directory, where = output_location(job, out_dir, settings)
+        request = job_request(job, layout, directory.resolve())
+    except JobFailure as exc:  # a name or output uri that would leave its root: bad input, nothing written
+        return {"ok": False, "error": exc.to_dict(), "exit": 1, "plan": layout}
     started = time.perf_counter()
-    stage = "ray"
+    stage = "inputs"
     wall: dict[str, float] = {}
     try:
-        with embedded_ray(settings) as ray_info:
-            wall["ray"] = time.perf_counter() - started
-            stage = "start"
-            # The run owns its group: named after a fresh uid, as an operator's job names its own.
-            spec = GroupSpec(name=group_name(str(uuid.uuid4())), ulysses=layout["ulysses"], ring=layout["ring"],
-                             cfg=layout["cfg"], device=device)
-            group = ActorGroup.start(spec, timeout_s=settings.placement_timeout_s,
-                                     cpus_per_rank=settings.cpus_per_rank)
-            try:
-                wall["group"] = time.perf_counter() - started - wall["ray"]
-                stage = "run"
-                result = group.run(request, timeout_s=settings.job_timeout_s, on_progress=on_progress)
-            finally:
-                group.teardown()
+        with staged_inputs(request, settings) as staged:
+            wall["inputs"] = time.perf_counter() - started
+            stage = "ray"
+            with embedded_ray(settings) as ray_info:
+                wall["ray"] = time.perf_counter() - started - wall["inputs"]
+                stage = "start"
+                # The run owns its group: named after a fresh uid, as an operator's job names its own.
+                spec = GroupSpec(name=group_name(str(uuid.uuid4())), ulysses=layout["ulysses"],
+                                 ring=layout["ring"], cfg=layout["cfg"], device=device)
+                group = ActorGroup.start(spec, timeout_s=settings.placement_timeout_s,
+                                         cpus_per_rank=settings.cpus_per_rank)
+                try:
+                    wall["group"] = time.perf_counter() - started - wall["inputs"] - wall["ray"]
+                    stage = "run"
+                    result = group.run(staged, timeout_s=settings.job_timeout_s, on_progress=on_progress)
+                finally:
+                    group.teardown()
+    except JobFailure as exc:  # fetching an https input failed: nothing ran
+        log.error("job failed in %s: %s", exc.stage or stage, exc.message)
+        result = {"ok": False, "error": exc.to_dict()}
     except GroupStartError as exc:
         log.error("group start failed: %s", exc.message, exc_info=True)
         result = {"ok": False, "error": exc.to_dict()}

@@ -37,9 +37,12 @@ from typing import Any
 
 import numpy as np
 
-from .locations import local_path
+from videojob.api.uris import name_problem
 
-DEFAULT_OUTPUT_ROOT = "/var/lib/videojob/outputs"
+from .errors import JobFailure
+from .locations import ROOTS, resolve
+
+DEFAULT_OUTPUT_ROOT = ROOTS["output"][1]
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,18 @@ class WrittenOutput:
     video_bytes: int
 
 
-def resolve_location(uri: str) -> Path:
-    """The local directory behind an output uri (already validated by the API)."""
-    return local_path(uri, "VIDEOJOB_OUTPUT_ROOT", DEFAULT_OUTPUT_ROOT)
+def resolve_location(uri: str, field: str = "spec.output.uri") -> Path:
+    """The local directory behind an output uri, contained in its root
+    (checked again here: the API's check may have been skipped)."""
+    return resolve(uri, "output", field)
+
+
+def _checked_name(name: str) -> str:
+    """The job's name, refused unless it is a DNS-1123 subdomain: it becomes NAME.mp4 and friends."""
+    problem = name_problem(name)
+    if problem is not None:
+        raise JobFailure(f"metadata.name {problem}", stage="write", field="metadata.name")
+    return name
 
 
 def to_uint8(frames: np.ndarray) -> np.ndarray:
@@ -120,10 +132,10 @@ def write_outputs(frames: np.ndarray, directory: Path, name: str, fps: int, resu
     video's temporary file is written (a test hook for faults mid-write)."""
     from PIL import Image
 
+    name = _checked_name(name)
     directory.mkdir(parents=True, exist_ok=True)
     video, poster, result_path = directory / f"{name}.mp4", directory / f"{name}.png", directory / f"{name}.json"
-    tag = f".{os.getpid()}.partial"
-    tmp_video, tmp_poster, tmp_result = (p.with_name(p.name + tag) for p in (video, poster, result_path))
+    tmp_video, tmp_poster, tmp_result = (_new_partial(p) for p in (video, poster, result_path))
     placed: list[Path] = []
     try:
         encode_mp4(frames, tmp_video, fps)
@@ -156,14 +168,25 @@ def write_outputs(frames: np.ndarray, directory: Path, name: str, fps: int, resu
     return WrittenOutput(video, poster, result_path, size)
 
 
+def _new_partial(final: Path) -> Path:
+    """A new, empty, uniquely named file beside ``final`` (created exclusively,
+    so nothing placed at a guessed name beforehand, a link say, is written through)."""
+    import tempfile
+
+    fd, name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".partial")
+    os.close(fd)
+    return Path(name)
+
+
 def write_failure(directory: Path, name: str, result: dict[str, Any]) -> Path:
     """The result JSON of a job that failed (no video): written atomically, and
     any earlier output of the same name is removed so nothing stale passes for it."""
+    name = _checked_name(name)
     directory.mkdir(parents=True, exist_ok=True)
     for suffix in (".mp4", ".png"):
         (directory / f"{name}{suffix}").unlink(missing_ok=True)
     path = directory / f"{name}.json"
-    tmp = path.with_name(path.name + f".{os.getpid()}.partial")
+    tmp = _new_partial(path)
     tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
     tmp.replace(path)
     return path

@@ -20,7 +20,7 @@ from videojob.catalog import Family, get_model
 
 from .configs import build_component
 from .errors import ModelSourceMissing
-from .locations import local_path
+from .locations import check_uri, resolve
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -200,9 +200,9 @@ def resolve_source(model_id: str, source: str | None) -> Path:
     if uri is None:
         raise ModelSourceMissing(f"{model_id} has no default source; set spec.model.source", stage="load")
     if uri.startswith("hf://"):
-        repo, _, revision = uri.removeprefix("hf://").partition("@")
+        repo, _, revision = check_uri(uri, "source", "spec.model.source").removeprefix("hf://").partition("@")
         return hub_snapshot(repo, revision or None)
-    path = local_path(uri, "VIDEOJOB_MODEL_ROOT", "/var/lib/videojob/models")
+    path = resolve(uri, "source", "spec.model.source")  # contained in VIDEOJOB_MODEL_ROOT or the claim
     if not (path / "model_index.json").exists():
         raise ModelSourceMissing(
             f"no diffusers model at {path} (model_index.json missing): check spec.model.source "
@@ -248,10 +248,10 @@ def _load_animatediff(model_id: str, source: str | None, dtype: str):
     model = get_model(model_id)
     uri = source or f"hf://{model.hub_id}"
     if uri.startswith("hf://"):
-        repo, _, revision = uri.removeprefix("hf://").partition("@")
+        repo, _, revision = check_uri(uri, "source", "spec.model.source").removeprefix("hf://").partition("@")
         path = hub_snapshot(repo, revision or None)
     else:
-        path = local_path(uri, "VIDEOJOB_MODEL_ROOT", "/var/lib/videojob/models")
+        path = resolve(uri, "source", "spec.model.source")
     if (path / "model_index.json").exists():  # a whole AnimateDiffPipeline
         return clip_text_model_compat(AnimateDiffPipeline.from_pretrained(path, dtype=torch_dtype(dtype)))
     if not _is_motion_adapter(path):

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from videojob.api.uris import name_problem
+
 STAGES = ("load", "inputs", "encode", "denoise", "decode", "write")
 FAULT_KINDS = ("error", "oom", "exit", "stall")
 
@@ -65,14 +67,23 @@ class JobRequest:
     negative_prompt: str = ""
     image: str | None = None  # i2v conditioning image uri
     face_image: str | None = None  # identity (ConsisID): face image uri, embeddings at <uri>.npz
+    # A local directory the driver vouches for: image/face_image may then be
+    # plain paths inside it (its copies of https inputs, a test's files). A
+    # spec never sets it; without it every input must be a pvc:// or local:// uri.
+    local_inputs_dir: str | None = None
     offload: str = "none"
     vae_tiling: bool = False
     vae_slicing: bool = False
     fp8_weights: bool = False
+    # The plan's decode offload: the denoiser's weights go to the host for the
+    # VAE decode and come back before the next job's denoise (offload none only).
+    decode_offload: bool = False
+    # Skip the CogVideoX VAE's never-read conv cache (bit-identical; the planner counts it).
+    skip_unread_conv_cache: bool = True
     cache: str = "off"
     cache_threshold: float | None = None
     output_dir: str | None = None
-    output_name: str = "video"
+    output_name: str = "video"  # the job's name (metadata.name): its files are NAME.mp4, .png, .json
     # Without output_dir the frames come back: "uint8" (video) or "float32" (tests compare these).
     frames_dtype: str = "uint8"
     result_extra: dict[str, Any] = field(default_factory=dict)
@@ -86,7 +97,13 @@ class JobRequest:
     def __post_init__(self) -> None:
         if self.inject_oom is not None and self.inject_oom not in STAGES:
             raise ValueError(f"JobRequest.inject_oom must be one of {STAGES}, got {self.inject_oom!r}")
+        if self.decode_offload and self.offload != "none":
+            raise ValueError(f"JobRequest.decode_offload needs offload 'none' (got offload {self.offload!r}: "
+                             "its hooks already move the weights)")
         self.fault()  # validates inject_fault
+        problem = name_problem(self.output_name)
+        if problem is not None:  # it becomes file names: checked wherever a request is made or received
+            raise ValueError(f"JobRequest.output_name (metadata.name) {problem}")
 
     def fault(self) -> FaultInjection | None:
         if self.inject_fault is not None:

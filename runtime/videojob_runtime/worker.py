@@ -306,6 +306,7 @@ class RankWorker:
                 "timings": timings,
                 "frames": None,
                 "cache": self.cache.stats() if self.cache is not None else None,
+                "decode_offload": self._decode_offload_report(),
             }
             if frames is not None:
                 result.update(self._deliver(req, frames, result, timings, gate))
@@ -377,28 +378,40 @@ class RankWorker:
                            "result": str(written.result), "bytes": written.video_bytes}}
 
     def _prepare_job(self, req: JobRequest) -> None:
-        """Per-job settings on a warm pipeline: VAE tiling/slicing, a fresh cache context."""
+        """Per-job settings on a warm pipeline: the VAE's (tiling, slicing, unread
+        conv cache), the decode offload (a denoiser the last job left on the host
+        comes back first), a fresh cache context."""
         from .strategies import apply_job_strategies
 
-        apply_job_strategies(self.pipe, req.vae_tiling, req.vae_slicing)
+        self.job_strategies = apply_job_strategies(
+            self.pipe, req.vae_tiling, req.vae_slicing, skip_unread_conv_cache=req.skip_unread_conv_cache,
+            decode_offload=req.decode_offload, offload=req.offload, device=self.device)
         if self.cache is not None:
             self.cache.refresh(req.steps, cfg=req.guidance > 1.0)
 
+    def _decode_offload_report(self) -> dict[str, Any] | None:
+        moved = getattr(getattr(self, "job_strategies", None), "decode_offload", None)
+        return moved.report() if moved is not None else None
+
     def _conditioning(self, req: JobRequest) -> dict[str, Any]:
-        """The task's extra pipeline inputs: an image (i2v), a face and its embeddings (identity)."""
+        """The task's extra pipeline inputs: an image (i2v), a face and its embeddings (identity).
+        Read from local files only, contained in their roots; https inputs were fetched by the driver
+        (``inputs.staged_inputs``), once for all ranks, into ``req.local_inputs_dir``."""
         from .inputs import load_face_embeddings, load_image
         from .pipelines import torch_dtype
 
         if req.task == "i2v":
             if not req.image:
                 raise JobFailure("task i2v needs spec.image", stage="inputs")
-            return {"image": load_image(req.image, req.width, req.height)}
+            return {"image": load_image(req.image, req.width, req.height, "spec.image", req.local_inputs_dir)}
         if req.task == "identity":
             if not req.face_image:
                 raise JobFailure("task identity needs spec.faceImage", stage="inputs")
-            id_cond, id_vit_hidden = load_face_embeddings(req.face_image, torch_dtype(req.dtype))
-            return {"image": load_image(req.face_image, req.width, req.height), "id_cond": id_cond,
-                    "id_vit_hidden": id_vit_hidden}
+            id_cond, id_vit_hidden = load_face_embeddings(req.face_image, torch_dtype(req.dtype), "spec.faceImage",
+                                                          req.local_inputs_dir)
+            return {"image": load_image(req.face_image, req.width, req.height, "spec.faceImage",
+                                        req.local_inputs_dir),
+                    "id_cond": id_cond, "id_vit_hidden": id_vit_hidden}
         return {}
 
     # -- memory ------------------------------------------------------------

@@ -17,6 +17,7 @@ from .common import API_GROUP, API_VERSION, KIND, WireModel
 from .rules import spec_problems
 from .spec import VideoJobSpec
 from .status import VideoJobStatus
+from .uris import name_problem
 
 API_VERSION_FULL = f"{API_GROUP}/{API_VERSION}"
 
@@ -118,11 +119,12 @@ def _salvage(data: Any, exc: ValidationError) -> VideoJobSpec | None:
     return None
 
 
-def parse_spec(data: Any, prefix: str = "spec") -> VideoJobSpec:
+def parse_spec(data: Any, prefix: str = "spec", for_plan: bool = False) -> VideoJobSpec:
     """Parse and check a spec alone; raises InvalidVideoJob with every problem.
 
     When some fields are malformed, the cross-field rules still run on the
     rest (the malformed values removed), so one pass reports everything.
+    ``for_plan``: skip what only running needs (input images), for `videojob plan --model`.
     """
     try:
         spec = VideoJobSpec.model_validate(data)
@@ -132,13 +134,30 @@ def parse_spec(data: Any, prefix: str = "spec") -> VideoJobSpec:
         if rest is not None:
             seen = {p.field for p in problems}
             problems += [
-                Problem(f"{prefix}.{f}", m) for f, m in spec_problems(rest) if f"{prefix}.{f}" not in seen
+                Problem(f"{prefix}.{f}", m) for f, m in spec_problems(rest, for_plan) if f"{prefix}.{f}" not in seen
             ]
         raise InvalidVideoJob(problems) from None
-    problems = [Problem(f"{prefix}.{f}", m) for f, m in spec_problems(spec)]
+    problems = [Problem(f"{prefix}.{f}", m) for f, m in spec_problems(spec, for_plan)]
     if problems:
         raise InvalidVideoJob(problems)
     return spec
+
+
+def _name_problems(metadata: Any) -> list[Problem]:
+    """metadata.name must be a DNS-1123 subdomain, as the API server requires:
+    it becomes the job's file names (NAME.mp4, NAME.json, ...), so a name
+    such as ``../x`` must be refused here too, not only by a cluster."""
+    if not isinstance(metadata, dict) or not (metadata.get("name") or metadata.get("generateName")):
+        return [Problem("metadata.name", "is required")]
+    if metadata.get("name"):
+        problem = name_problem(metadata["name"])
+        return [Problem("metadata.name", problem)] if problem else []
+    # The server appends 5 random characters to generateName.
+    if name_problem(f"{metadata['generateName']}x") is not None:
+        return [Problem("metadata.generateName", f"{metadata['generateName']!r} is not the start of a DNS-1123 "
+                        "subdomain (Kubernetes' rule for object names): lower-case letters, digits, '-' and '.', "
+                        "starting with a letter or digit")]
+    return []
 
 
 def parse_videojob(doc: Any) -> VideoJob:
@@ -150,9 +169,7 @@ def parse_videojob(doc: Any) -> VideoJob:
         problems.append(Problem("apiVersion", f"must be {API_VERSION_FULL} (got {doc.get('apiVersion')!r})"))
     if doc.get("kind") != KIND:
         problems.append(Problem("kind", f"must be {KIND} (got {doc.get('kind')!r})"))
-    metadata = doc.get("metadata")
-    if not isinstance(metadata, dict) or not (metadata.get("name") or metadata.get("generateName")):
-        problems.append(Problem("metadata.name", "is required"))
+    problems.extend(_name_problems(doc.get("metadata")))
     if "spec" not in doc:
         problems.append(Problem("spec", "is required"))
     else:

@@ -14,6 +14,7 @@ from itertools import groupby
 from typing import Callable, Optional
 
 from ..catalog import CATALOG, FrameRule, ModelInfo
+from ..layout_rules import LAYOUT_RULES, rendered, resolved_cache
 from .common import cel_list
 from .spec import MAX_GPUS_PER_JOB, VideoJobSpec
 
@@ -26,6 +27,9 @@ class SpecRule:
     cel: str
     cel_message: str
     check: Callable[[VideoJobSpec], Optional[str]]
+    # False for rules about what only running needs (the input images): a
+    # plan (`videojob plan --model consisid`) does not need them.
+    for_plan: bool = True
 
     def to_crd(self) -> dict[str, str]:
         return {
@@ -187,6 +191,7 @@ def _input_rules() -> list[SpecRule]:
                 cel=f"!{is_task} || has(self.{wire})",
                 cel_message=f"'task {task} needs {wire}: set it to the image uri'",
                 check=needs,
+                for_plan=False,
             )
         )
         rules.append(
@@ -223,83 +228,42 @@ def _cache_rules() -> list[SpecRule]:
     return rules
 
 
+def spec_layout_env(spec: VideoJobSpec, model: ModelInfo) -> dict:
+    """The layout rules' variables for a spec (``layout_rules``): its values, else the model's defaults."""
+    p = spec.parallel
+    g = spec.sampling.guidance_scale
+    return {
+        "width": spec.video.width if spec.video.width is not None else model.native_width,
+        "height": spec.video.height if spec.video.height is not None else model.native_height,
+        "frames": spec.video.frames if spec.video.frames is not None else model.native_frames,
+        "guidance": g if g is not None else model.default_guidance,
+        "ulysses": p.ulysses if p else 1, "ring": p.ring if p else 1, "cfg": p.cfg if p else 1,
+        "cache": resolved_cache(model, spec.cache.policy),
+    }
+
+
 def _parallel_rules() -> list[SpecRule]:
+    """A ``parallel`` override must be runnable: every layout rule, from its one
+    definition (``layout_rules``), as CEL per group of models and as Python."""
     rules = []
-    for heads, ids in _grouped(lambda m: m.attention_heads if m.sequence_parallel else 0):
-        if heads == 0:
-            continue
+    for layout_rule in LAYOUT_RULES:
+        for condition, ids in rendered(layout_rule).items():
 
-        def divides(spec, heads=heads, ids=ids):
-            p = spec.parallel
-            if p is None or spec.model.name not in ids or heads % p.ulysses == 0:
-                return None
-            valid = [d for d in range(1, MAX_GPUS_PER_JOB + 1) if heads % d == 0]
-            return (
-                f"ulysses {p.ulysses} does not divide the {heads} attention heads of "
-                f"{spec.model.name}; use one of {valid}, or ring for the rest"
+            def check(spec, layout_rule=layout_rule, ids=ids):
+                if spec.parallel is None or spec.model.name not in ids:
+                    return None
+                model = CATALOG[spec.model.name]
+                env = spec_layout_env(spec, model)
+                return None if layout_rule.holds(model).eval(env) else layout_rule.explain(model, env)
+
+            rules.append(
+                SpecRule(
+                    field=layout_rule.field,
+                    cel=f"!has(self.parallel) || !(self.model.name in {cel_list(ids)}) || {condition}",
+                    cel_message=layout_rule.cel_message,
+                    check=check,
+                )
             )
-
-        rules.append(
-            SpecRule(
-                field="parallel.ulysses",
-                cel=_when("parallel.ulysses", ids, f"{heads} % self.parallel.ulysses == 0"),
-                cel_message=f"'ulysses must divide the {heads} attention heads of ' + self.model.name",
-                check=divides,
-            )
-        )
-    unets = tuple(m.id for m in CATALOG.values() if not m.sequence_parallel)
-    for degree in ("ulysses", "ring", "cfg"):
-
-        def single(spec, degree=degree):
-            p = spec.parallel
-            if p is None or spec.model.name not in unets or getattr(p, degree) == 1:
-                return None
-            return (f"{spec.model.name} runs on one GPU (xfuser has no parallel pipeline for it): "
-                    f"set parallel.{degree} to 1")
-
-        rules.append(
-            SpecRule(
-                field=f"parallel.{degree}",
-                cel=_when(f"parallel.{degree}", unets, f"self.parallel.{degree} == 1"),
-                cel_message=f"self.model.name + ' runs on one GPU (xfuser has no parallel pipeline for it): set parallel.{degree} to 1'",
-                check=single,
-            )
-        )
-
-    no_cfg = tuple(m.id for m in CATALOG.values() if m.sequence_parallel and not m.cfg_parallel)
-
-    def cfg_unsupported(spec):
-        p = spec.parallel
-        if p is None or p.cfg == 1 or spec.model.name not in no_cfg:
-            return None
-        return f"xfuser has no CFG parallel for {spec.model.name}: set parallel.cfg to 1 (use ulysses or ring)"
-
-    rules.append(
-        SpecRule(
-            field="parallel.cfg",
-            cel=_when("parallel.cfg", no_cfg, "self.parallel.cfg == 1"),
-            cel_message="'xfuser has no CFG parallel for ' + self.model.name + ': set parallel.cfg to 1'",
-            check=cfg_unsupported,
-        )
-    )
-
-    def cfg_needs_guidance(spec):
-        p, g = spec.parallel, spec.sampling.guidance_scale
-        if p is None or p.cfg == 1 or g is None or g > 1.0:
-            return None
-        return f"parallel.cfg 2 splits the conditional and unconditional passes, which guidanceScale {g} (<= 1) does not run: set cfg to 1"
-
-    rules.append(
-        SpecRule(
-            field="parallel.cfg",
-            cel=(
-                "!(has(self.parallel) && has(self.parallel.cfg)) || self.parallel.cfg == 1 || "
-                "!(has(self.sampling) && has(self.sampling.guidanceScale)) || self.sampling.guidanceScale > 1.0"
-            ),
-            cel_message="'parallel.cfg 2 needs sampling.guidanceScale above 1: set cfg to 1'",
-            check=cfg_needs_guidance,
-        )
-    )
 
     def fits_max_gpus(spec):
         p = spec.parallel
@@ -347,7 +311,20 @@ def _memory_rules() -> list[SpecRule]:
     def deg(name: str) -> str:
         return f"(has(self.parallel.{name}) ? self.parallel.{name} : 1)"
 
+    def decode_needs_no_offload(spec):
+        m = spec.memory
+        if m is None or not m.decode_offload or m.offload in (None, "none"):
+            return None
+        return (f"memory.decodeOffload moves the denoiser off the GPU for the decode, which offload {m.offload} "
+                "already does: drop decodeOffload or set memory.offload none")
+
     return [
+        SpecRule(
+            field="memory.decodeOffload",
+            cel=f"!(has(self.memory) && has(self.memory.decodeOffload) && self.memory.decodeOffload) || !({forced})",
+            cel_message="'memory.decodeOffload needs memory.offload none'",
+            check=decode_needs_no_offload,
+        ),
         SpecRule(
             field="memory.offload",
             cel=f"!({forced}) || !has(self.resources) || !has(self.resources.allowOffload) || self.resources.allowOffload",
@@ -374,10 +351,13 @@ SPEC_RULES: tuple[SpecRule, ...] = tuple(
 )
 
 
-def spec_problems(spec: VideoJobSpec) -> list[tuple[str, str]]:
-    """(field under spec, message) for every cross-field rule the spec breaks."""
+def spec_problems(spec: VideoJobSpec, for_plan: bool = False) -> list[tuple[str, str]]:
+    """(field under spec, message) for every cross-field rule the spec breaks
+    (``for_plan``: only those that matter to a plan, not to running it)."""
     problems = []
     for rule in SPEC_RULES:
+        if for_plan and not rule.for_plan:
+            continue
         message = rule.check(spec)
         if message:
             problems.append((rule.field, message))

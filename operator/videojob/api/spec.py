@@ -25,24 +25,32 @@ DType = Literal["bfloat16", "float16", "float32"]
 MAX_GPUS_PER_JOB = 8
 SEED_MAX = 2**32 - 1
 
-_QUANTITY = r"^[0-9]+([.][0-9]+)?(Ki|Mi|Gi|Ti|KiB|MiB|GiB|TiB|K|M|G|T|KB|MB|GB|TB)?$"
+# A Kubernetes memory quantity (the syntax of a container's memory limit): a
+# plain or decimal number with an optional binary (Ki..Ei) or decimal (k..E)
+# suffix. Exponents and milli are left out: they make no sense for bytes.
+_QUANTITY = r"^[0-9]+([.][0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+_ZERO = r"^[0.]+[A-Za-z]*$"
 _UNITS = {
     "": 1,
-    "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    # Accepted by the CLI's --gpu-memory only (not a Kubernetes spelling):
+    "K": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
     "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
 }  # fmt: skip
 
 
 def parse_bytes(quantity: str) -> int:
-    """Bytes in a Kubernetes-style quantity ("24Gi", "80GB", "24GiB")."""
+    """Bytes in a memory quantity ("24Gi", "80G"; the CLI also takes "24GiB", "80GB")."""
     match = re.match(r"^([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)$", quantity.strip())
     if not match or match.group(2) not in _UNITS:
         raise ValueError(
-            f"{quantity!r} is not a memory size; write e.g. 24Gi, 24GiB or 80GB"
+            f"{quantity!r} is not a memory size; write e.g. 24Gi or 80G"
         )
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
+    value = int(float(match.group(1)) * _UNITS[match.group(2)])
+    if value <= 0:
+        raise ValueError(f"{quantity!r} is zero; a memory size must be positive")
+    return value
 
 
 MemoryQuantity = Annotated[
@@ -50,8 +58,13 @@ MemoryQuantity = Annotated[
     Field(max_length=32),
     Cel(
         rule=f"self.matches('{_QUANTITY}')",
-        message="must be a memory size such as 24Gi, 24GiB or 80GB",
+        message="must be a Kubernetes memory quantity such as 24Gi or 80G (suffixes Ki Mi Gi Ti Pi Ei or k M G T P E)",
         check=lambda v: re.match(_QUANTITY, v) is not None,
+    ),
+    Cel(
+        rule=f"!self.matches('{_ZERO}')",
+        message="must be more than zero",
+        check=lambda v: re.match(_ZERO, v) is None,
     ),
 ]
 
@@ -59,61 +72,84 @@ MemoryQuantity = Annotated[
 class ModelSpec(WireModel):
     """Which model runs, from where, in which precision."""
 
-    name: ModelId = Field(description="Catalog id of the model (see `videojob plan --help`).")
+    name: ModelId = Field(description="Catalog id of the model, e.g. cogvideox-5b (README: Models).")
     source: Optional[SourceUri] = Field(
         default=None,
-        description="Where the weights live; default: the catalog's hub id from the offline cache.",
+        description="Where the weights live: hf://ORG/NAME[@REVISION] (from the offline hub cache), "
+                    "pvc://CLAIM/path or local://path (a diffusers model directory). "
+                    "Default: the catalog's hub id.",
     )
-    dtype: DType = Field(default="bfloat16", description="Compute dtype of the weights.")
+    dtype: DType = Field(default="bfloat16", description="Compute dtype of the weights: bfloat16 (default), "
+                                                         "float16 or float32.")
 
 
 class VideoSpec(WireModel):
     """Output geometry; unset values take the model's native ones."""
 
-    width: Optional[int] = Field(default=None, ge=16, le=4096)
-    height: Optional[int] = Field(default=None, ge=16, le=4096)
-    frames: Optional[int] = Field(default=None, ge=1, le=1024)
-    fps: Optional[int] = Field(default=None, ge=1, le=60)
+    width: Optional[int] = Field(default=None, ge=16, le=4096,
+                                 description="Width in pixels, a multiple of the model's size step. "
+                                             "Default: the model's native width (e.g. 720).")
+    height: Optional[int] = Field(default=None, ge=16, le=4096,
+                                  description="Height in pixels, a multiple of the model's size step. "
+                                              "Default: the model's native height (e.g. 480).")
+    frames: Optional[int] = Field(default=None, ge=1, le=1024,
+                                  description="Number of frames, of the form the model needs (CogVideoX 8k+1, "
+                                              "Wan 4k+1). Default: the model's native count (e.g. 49).")
+    fps: Optional[int] = Field(default=None, ge=1, le=60,
+                               description="Frames per second of the mp4 (1-60). Default: the model's own (e.g. 8).")
 
 
 class SamplingSpec(WireModel):
     """Denoising loop settings; unset values take the model's defaults."""
 
-    steps: Optional[int] = Field(default=None, ge=1, le=200)
-    guidance_scale: Optional[float] = Field(default=None, ge=0.0, le=30.0)
+    steps: Optional[int] = Field(default=None, ge=1, le=200,
+                                 description="Denoising steps (1-200). Default: the model's (e.g. 50).")
+    guidance_scale: Optional[float] = Field(default=None, ge=0.0, le=30.0,
+                                            description="Classifier-free guidance scale (0-30); 1 or less turns "
+                                                        "guidance off. Default: the model's (e.g. 6.0).")
 
 
 class CacheSpec(WireModel):
     """Step-cache reuse: skip transformer evaluations that barely change."""
 
     policy: CachePolicy = Field(
-        default="auto", description="off, auto (the best cache the model supports), or a named cache."
+        default="auto", description="off, auto (default: the best cache the model supports), teacache, "
+                                    "fbcache or dbcache. Quote \"off\" in YAML."
     )
     threshold: Optional[float] = Field(
         default=None,
         gt=0.0,
         le=1.0,
-        description="Relative-change threshold below which a step is reused; higher skips more.",
+        description="Relative change (0-1, unitless) below which a step's transformer work is reused; "
+                    "higher skips more and changes the video more. Default: the cache's own.",
     )
 
 
 class ResourcesSpec(WireModel):
     """Limits and preferences the planner and scheduler honour."""
 
-    max_gpus: int = Field(default=MAX_GPUS_PER_JOB, ge=1, le=MAX_GPUS_PER_JOB, alias="maxGPUs")
-    priority: int = Field(default=0, ge=-1000, le=1000)
-    allow_offload: bool = Field(default=True)
+    max_gpus: int = Field(default=MAX_GPUS_PER_JOB, ge=1, le=MAX_GPUS_PER_JOB, alias="maxGPUs",
+                          description="Most GPUs the job may use, all in one pod (1-8, default 8).")
+    priority: int = Field(default=0, ge=-1000, le=1000,
+                          description="Queue priority (-1000..1000, default 0); higher runs first.")
+    allow_offload: bool = Field(default=True, description="Whether the planner may keep weights on the host "
+                                                          "(CPU offload) when nothing fits without (default true).")
     gpu_memory: Optional[MemoryQuantity] = Field(
-        default=None, description="Override the GPU memory the planner assumes per GPU."
+        default=None, description="GPU memory the planner assumes per GPU, a Kubernetes quantity such as 24Gi "
+                                  "(default: the inventory's)."
     )
 
 
 class ParallelSpec(WireModel):
     """Override the planner's parallel layout (xDiT USP degrees)."""
 
-    ulysses: int = Field(default=1, ge=1, le=MAX_GPUS_PER_JOB)
-    ring: int = Field(default=1, ge=1, le=MAX_GPUS_PER_JOB)
-    cfg: int = Field(default=1, ge=1, le=2)
+    ulysses: int = Field(default=1, ge=1, le=MAX_GPUS_PER_JOB,
+                         description="Ulysses sequence-parallel degree (splits attention heads; default 1).")
+    ring: int = Field(default=1, ge=1, le=MAX_GPUS_PER_JOB,
+                      description="Ring-attention sequence-parallel degree (default 1).")
+    cfg: int = Field(default=1, ge=1, le=2,
+                     description="CFG-parallel degree: 2 runs the conditional and unconditional passes on "
+                                 "two GPUs (default 1).")
 
     @property
     def world_size(self) -> int:
@@ -139,31 +175,42 @@ class MemorySpec(WireModel):
         default=None, description="Decode the video in overlapping tiles (less memory, seams blended).")
     vae_slicing: Optional[bool] = Field(
         default=None, description="Decode one video of a batch at a time (no change to the output).")
+    decode_offload: Optional[bool] = Field(
+        default=None, description="Move the denoiser's weights to the host while the VAE decodes (back for "
+                                  "the next job): less GPU memory in decode, a copy each way. Needs offload none.")
 
 
 class OutputSpec(WireModel):
     """Where the mp4, poster and result JSON go."""
 
-    uri: OutputUri
+    uri: OutputUri = Field(description="Directory for NAME.mp4, NAME.png and NAME.json: pvc://CLAIM/path "
+                                       "or local://path, never outside its root.")
 
 
 class VideoJobSpec(WireModel):
     """The whole request. See ``rules.py`` for the cross-field rules."""
 
-    model: ModelSpec
+    model: ModelSpec = Field(description="Which model runs, from where, in which precision.")
     task: Optional[Task] = Field(default=None, description="t2v, i2v or identity; default: the model's task.")
-    prompt: str = Field(min_length=1, max_length=2000)
-    negative_prompt: str = Field(default="", max_length=2000)
-    seed: Optional[int] = Field(default=None, ge=0, le=SEED_MAX)
-    image: Optional[InputUri] = Field(default=None, description="Conditioning image (i2v).")
-    face_image: Optional[InputUri] = Field(default=None, description="Face image (identity).")
-    video: VideoSpec = Field(default_factory=VideoSpec)
-    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
-    cache: CacheSpec = Field(default_factory=CacheSpec)
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    parallel: Optional[ParallelSpec] = None
-    memory: Optional[MemorySpec] = None
-    output: Optional[OutputSpec] = None
+    prompt: str = Field(min_length=1, max_length=2000, description="What the video shows (1-2000 characters).")
+    negative_prompt: str = Field(default="", max_length=2000, description="What the video should avoid (default none).")
+    seed: Optional[int] = Field(default=None, ge=0, le=SEED_MAX,
+                                description="Random seed (0 to 2^32-1); the same seed and spec give the same "
+                                            "frames. Default: drawn at random and recorded in the result.")
+    image: Optional[InputUri] = Field(default=None, description="Conditioning image for i2v: pvc://, local:// "
+                                                                "or https:// (PNG or JPEG).")
+    face_image: Optional[InputUri] = Field(default=None, description="Face image for identity (ConsisID), with "
+                                                                     "its embeddings at <uri>.npz.")
+    video: VideoSpec = Field(default_factory=VideoSpec, description="Size, length and frame rate of the video.")
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Denoising steps and guidance.")
+    cache: CacheSpec = Field(default_factory=CacheSpec, description="Step-cache reuse (default auto).")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec,
+                                     description="GPU limits, priority and offload permission.")
+    parallel: Optional[ParallelSpec] = Field(default=None, description="Force the parallel layout (default: the "
+                                                                       "planner's choice).")
+    memory: Optional[MemorySpec] = Field(default=None, description="Force memory strategies (default: the "
+                                                                   "planner's choice).")
+    output: Optional[OutputSpec] = Field(default=None, description="Where the video goes.")
 
     @property
     def effective_task(self) -> str:

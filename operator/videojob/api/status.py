@@ -58,77 +58,96 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 
 
 class Condition(WireModel):
-    type: ConditionType
-    status: ConditionStatus
-    reason: Reason
-    message: str = ""
-    last_transition_time: Optional[datetime] = None
-    observed_generation: Optional[int] = None
+    """One aspect of the job's state, Kubernetes-style (one entry per type)."""
+
+    type: ConditionType = Field(description="Planned, Admitted, ActorsReady or Completed.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: Reason = Field(description="Why, in one CamelCase word (e.g. DoesNotFit, OutOfMemory).")
+    message: str = Field(default="", description="What happened and what to do, for a person.")
+    last_transition_time: Optional[datetime] = Field(default=None, description="When status last changed (RFC 3339).")
+    observed_generation: Optional[int] = Field(default=None, description="The spec generation this was set for.")
 
 
 class PlanStatus(WireModel):
     """The layout chosen for the job and what the planner expects of it."""
 
-    gpus: int = Field(ge=0)
-    ulysses: int = Field(default=1, ge=1)
-    ring: int = Field(default=1, ge=1)
-    cfg: int = Field(default=1, ge=1)
-    offload: Literal["none", "model", "group", "sequential"] = "none"
-    vae_tiling: bool = False
-    vae_slicing: bool = False
-    cache: str = "off"
-    estimated_peak_gi_b_per_gpu: Optional[float] = Field(default=None, alias="estimatedPeakGiBPerGPU")
-    estimated_seconds: Optional[float] = None
+    gpus: int = Field(ge=0, description="GPUs the layout uses (ulysses x ring x cfg), all in one pod.")
+    ulysses: int = Field(default=1, ge=1, description="Ulysses sequence-parallel degree.")
+    ring: int = Field(default=1, ge=1, description="Ring-attention sequence-parallel degree.")
+    cfg: int = Field(default=1, ge=1, description="CFG-parallel degree (1 or 2).")
+    offload: Literal["none", "model", "group", "sequential"] = Field(
+        default="none", description="Where weights live while the job runs (none: all on the GPU).")
+    vae_tiling: bool = Field(default=False, description="The VAE decodes in tiles.")
+    vae_slicing: bool = Field(default=False, description="The VAE decodes one video of a batch at a time.")
+    cache: str = Field(default="off", description="The step cache the job runs with (auto resolved).")
+    estimated_peak_gi_b_per_gpu: Optional[float] = Field(default=None, alias="estimatedPeakGiBPerGPU",
+                                                         description="Planned peak memory per GPU, GiB.")
+    estimated_seconds: Optional[float] = Field(default=None, description="Planned wall time, seconds.")
     summary: str = Field(default="", description="One line, e.g. 'u2 x cfg2, no offload'.")
 
 
 class ProgressStatus(WireModel):
-    step: int = Field(default=0, ge=0)
-    steps: int = Field(default=0, ge=0)
-    percent: int = Field(default=0, ge=0, le=100)
+    """How far denoising is."""
+
+    step: int = Field(default=0, ge=0, description="Denoising steps done.")
+    steps: int = Field(default=0, ge=0, description="Denoising steps in all.")
+    percent: int = Field(default=0, ge=0, le=100, description="step / steps, percent (0-100).")
 
 
 class MeasuredStatus(WireModel):
-    peak_gi_b: Optional[float] = Field(default=None, alias="peakGiB")
-    load_seconds: Optional[float] = None
-    encode_seconds: Optional[float] = None
-    denoise_seconds: Optional[float] = None
-    decode_seconds: Optional[float] = None
-    write_seconds: Optional[float] = None
+    """What the run measured (next to the plan's estimates)."""
+
+    peak_gi_b: Optional[float] = Field(default=None, alias="peakGiB",
+                                       description="Measured peak memory per GPU, GiB (max_memory_allocated).")
+    load_seconds: Optional[float] = Field(default=None, description="Seconds loading weights (0 when reused).")
+    encode_seconds: Optional[float] = Field(default=None, description="Seconds encoding the prompt.")
+    denoise_seconds: Optional[float] = Field(default=None, description="Seconds denoising.")
+    decode_seconds: Optional[float] = Field(default=None, description="Seconds decoding with the VAE.")
+    write_seconds: Optional[float] = Field(default=None, description="Seconds writing the mp4, poster and result.")
 
 
 class Attempt(WireModel):
     """One try at running the job; kept so a failed job shows its history."""
 
-    number: int = Field(ge=1)
-    plan: Optional[PlanStatus] = None
-    started_at: Optional[datetime] = None
-    finished_at: Optional[datetime] = None
-    result: Literal["Running", "Succeeded", "Failed", "OutOfMemory", "Cancelled", "Interrupted"] = "Running"
-    reason: Optional[str] = None
-    message: str = ""
+    number: int = Field(ge=1, description="1 for the first attempt.")
+    plan: Optional[PlanStatus] = Field(default=None, description="The layout this attempt ran with.")
+    started_at: Optional[datetime] = Field(default=None, description="When it started (RFC 3339).")
+    finished_at: Optional[datetime] = Field(default=None, description="When it ended (RFC 3339).")
+    result: Literal["Running", "Succeeded", "Failed", "OutOfMemory", "Cancelled", "Interrupted"] = Field(
+        default="Running", description="How it ended.")
+    reason: Optional[str] = Field(default=None, description="Why it ended so, in one word.")
+    message: str = Field(default="", description="What happened: the rank, the stage, the error.")
 
 
 class ActorGroupStatus(WireModel):
-    name: str
-    reused: bool = False
+    """The Ray actor group that runs the job."""
+
+    name: str = Field(description="Its name in Ray (namespace videojob).")
+    reused: bool = Field(default=False, description="A warm group was reused (no weight load).")
 
 
 class OutputStatus(WireModel):
-    uri: str
-    bytes: Optional[int] = Field(default=None, ge=0)
+    """Where the video is."""
+
+    uri: str = Field(description="The directory holding NAME.mp4, NAME.png and NAME.json.")
+    bytes: Optional[int] = Field(default=None, ge=0, description="Size of the mp4, bytes.")
 
 
 class VideoJobStatus(WireModel):
-    phase: Phase = Phase.PENDING
-    conditions: list[Condition] = Field(default_factory=list)
-    observed_generation: Optional[int] = None
-    plan: Optional[PlanStatus] = None
-    progress: Optional[ProgressStatus] = None
-    attempts: list[Attempt] = Field(default_factory=list)
-    measured: Optional[MeasuredStatus] = None
-    actor_group: Optional[ActorGroupStatus] = None
-    output: Optional[OutputStatus] = None
-    message: str = ""
-    start_time: Optional[datetime] = None
-    completion_time: Optional[datetime] = None
+    """What the operator knows about the job; written by the operator only."""
+
+    phase: Phase = Field(default=Phase.PENDING, description="Pending, Planned, Queued, Running, Succeeded, "
+                                                            "Failed or Cancelled.")
+    conditions: list[Condition] = Field(
+        default_factory=list, description="The latest condition of each type.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    observed_generation: Optional[int] = Field(default=None, description="The spec generation the status is for.")
+    plan: Optional[PlanStatus] = Field(default=None, description="The chosen layout and its estimates.")
+    progress: Optional[ProgressStatus] = Field(default=None, description="Denoising progress.")
+    attempts: list[Attempt] = Field(default_factory=list, description="Every try at running the job, oldest first.")
+    measured: Optional[MeasuredStatus] = Field(default=None, description="Measured memory and stage times.")
+    actor_group: Optional[ActorGroupStatus] = Field(default=None, description="The actor group running the job.")
+    output: Optional[OutputStatus] = Field(default=None, description="The written video.")
+    message: str = Field(default="", description="The latest news for a person, one line.")
+    start_time: Optional[datetime] = Field(default=None, description="When the first attempt started (RFC 3339).")
+    completion_time: Optional[datetime] = Field(default=None, description="When the job ended (RFC 3339).")

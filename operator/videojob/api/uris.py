@@ -1,93 +1,202 @@
-"""URI types for model sources, input images and output locations.
+"""URI types for model sources, input images and output locations, and the one
+containment check every kind of URI goes through.
 
 Schemes:
   pvc://CLAIM/sub/path   a PersistentVolumeClaim mounted into the actors
   local://sub/path       relative to the runtime's root (VIDEOJOB_DATA_ROOT
-                         for inputs, VIDEOJOB_OUTPUT_ROOT for outputs)
-  hf://ORG/NAME          a hub id resolved from an offline cache (sources only)
-  https://...            fetched by the runtime (input images only)
-Paths never climb out of their root: no ``..`` segments, no leading ``/``.
+                         for inputs, VIDEOJOB_OUTPUT_ROOT for outputs,
+                         VIDEOJOB_MODEL_ROOT for model sources)
+  hf://ORG/NAME[@REV]    a hub id resolved from an offline cache (sources only)
+  https://HOST/path      fetched once per job by the driver (input images only;
+                         plain http is refused: anyone on the path could swap it)
+
+Containment: a spec is written by a user the runtime must not trust, and the
+path part of a pvc:// or local:// uri becomes a file name on the actors. So it
+is relative and normalised: no leading '/', no empty ('//'), '.' or '..'
+segments, no backslash, no control character (C0, DEL, C1), no invisible
+Unicode character nor one that looks like or folds (NFKC) to '/', '\\' or
+'.', and no '%' at all: nothing here decodes percent-escapes, and refusing
+them outright means '%2e%2e' or '%2f' cannot hide a segment from a reader
+that would. A single trailing '/' is allowed (a directory).
+
+One table of rules per kind (``URI_RULES``) is the only definition: each rule
+is a RE2 pattern that CEL's ``matches()`` and Python's ``re`` read the same
+way (no look-arounds, no ``\\s``; ``$`` is made strict for Python), so the
+API server, ``videojob validate`` (the pydantic types below) and the runtime
+(``uri_problem``, called again by the resolver on the actor) give the same
+verdict. Kubernetes object names have their own rule here too
+(``name_problem``): a job's name becomes its output file names.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from .common import Cel
 
-_DOTDOT = r"(^|/)[.][.](/|$)"
-_ABSOLUTE = r"^[a-z]+:///"
-_PVC = r"^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?$"
-_HF = r"^hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._-]+)?$"
-_HAS_PATH = r"^[a-z]+://[^/].*$"
+UriKind = Literal["output", "input", "source"]
+MAX_URI_LENGTH = 1024
+
+_PATH_SCHEMES = r"^(pvc|local)://"
+# Unicode characters that are invisible (zero-width, bidi controls, BOM), that
+# are spaces other than ' ', or that look like or NFKC-fold to '/', '\' or '.'
+# (U+2024 ONE DOT LEADER folds to '.', U+2025 to '..', U+FF0F to '/'). Listed
+# as characters, not escapes: CEL gets them as \\uXXXX in its string literal.
+_LOOKALIKES = (
+    "\u00a0\u00ad\u034f\u061c\u115f\u1160\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u206f\u3000\u3164"
+    "\ufe00-\ufe0f\ufeff\uffa0\ufff9-\ufffb"
+    "\u2024\u2025\u2026\ufe52\uff0e"  # dots
+    "\u2044\u2215\u29f8\ufe68\uff0f"  # slashes
+    "\u2216\u29f5\u29f9\uff3c"  # backslashes
+)
+
+
+def cel_string(text: str) -> str:
+    """``text`` as a CEL single-quoted string literal (backslashes doubled,
+    anything outside printable ASCII as \\uXXXX), so a regex reaches RE2 as written."""
+    out = []
+    for ch in text:
+        if ch in "\\'":
+            out.append("\\" + ch)
+        elif " " <= ch <= "~":
+            out.append(ch)
+        elif ord(ch) <= 0xFFFF:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return "'" + "".join(out) + "'"
+
+
+def _python(pattern: str) -> re.Pattern[str]:
+    """The pattern for Python's ``re``: ``$`` there also matches before a final
+    newline, RE2's only at the very end; ``\\Z`` is RE2's ``$``."""
+    return re.compile(pattern.replace("$", r"\Z"))
+
+
+def _forbid(pattern: str, message: str) -> Cel:
+    """A rule that fails when ``pattern`` is found anywhere in the value."""
+    compiled = _python(pattern)
+    return Cel(rule=f"!self.matches({cel_string(pattern)})", message=message,
+               check=lambda v: compiled.search(v) is None)
+
+
+def _require(pattern: str, message: str, only_for: str = "") -> Cel:
+    """A rule that fails unless ``pattern`` is found (for values starting with ``only_for``)."""
+    compiled = _python(pattern)
+    rule = f"self.matches({cel_string(pattern)})"
+    if only_for:
+        rule = f"!self.startsWith({cel_string(only_for)}) || {rule}"
+    return Cel(rule=rule, message=message,
+               check=lambda v: not v.startswith(only_for) or compiled.search(v) is not None)
 
 
 def _schemes_rule(schemes: tuple[str, ...]) -> Cel:
     prefixes = tuple(f"{s}://" for s in schemes)
-    listed = ", ".join(prefixes)
     return Cel(
-        rule=" || ".join(f"self.startsWith('{p}')" for p in prefixes),
-        message=f"must start with one of: {listed}",
+        rule=" || ".join(f"self.startsWith({cel_string(p)})" for p in prefixes),
+        message=f"must start with one of: {', '.join(prefixes)}",
         check=lambda v: v.startswith(prefixes),
     )
 
 
-_NO_DOTDOT = Cel(
-    rule=f"!self.matches('{_DOTDOT}')",
-    message="must not contain '..' path segments (paths stay inside their root)",
-    check=lambda v: re.search(_DOTDOT, v) is None,
+_NO_HTTP = Cel(
+    rule="!self.startsWith('http://')",
+    message="http:// is refused: use https:// (an image fetched in clear text can be swapped on the way)",
+    check=lambda v: not v.startswith("http://"),
 )
-_NO_ABSOLUTE = Cel(
-    rule=f"!self.matches('{_ABSOLUTE}')",
-    message="must not be an absolute path: write scheme://name/path with no leading '/'",
-    check=lambda v: re.search(_ABSOLUTE, v) is None,
+_HAS_LOCATION = _require(r"^[a-z]+://[^/]", "must name a location after the scheme, e.g. local://videos/my-job")
+_NOT_ABSOLUTE = _forbid(r"^[a-z]+:///", "must not be an absolute path: write scheme://name/path with no leading '/'")
+_NO_CONTROL = _forbid(r"[\x00-\x1f\x7f-\x9f]",
+                      "must not contain control characters (newline, tab, NUL, DEL and the like)")
+_NO_LOOKALIKE = _forbid(f"[{_LOOKALIKES}]",
+                        "must not contain invisible Unicode characters, spaces other than ' ', or characters that "
+                        "look like or fold to '/', '\\' or '.' (e.g. U+200B, U+2024, U+FF0F): write plain ones")
+_NO_BACKSLASH = _forbid(r"\\", "must not contain a backslash: separate path segments with '/'")
+_NO_PERCENT = _forbid(
+    _PATH_SCHEMES + "[^%]*%",
+    "must not contain '%': percent-escapes are not decoded here (write the character itself), and "
+    "'%2e' or '%2f' would hide '.' or '/' from this check",
 )
-_HAS_LOCATION = Cel(
-    rule=f"self.matches('{_HAS_PATH}')",
-    message="must name a location after the scheme, e.g. local://videos/my-job",
-    check=lambda v: re.match(_HAS_PATH, v) is not None,
+_NO_EMPTY_SEGMENT = _forbid(
+    _PATH_SCHEMES + "(?s:.*)//",
+    "must not contain '//' (an empty path segment; after pvc://CLAIM it would make the path absolute)",
 )
-_PVC_NAME = Cel(
-    rule=f"!self.startsWith('pvc://') || self.matches('{_PVC}')",
-    message="pvc:// must be followed by a claim name (lower-case letters, digits, '-'), e.g. pvc://videos/my-job",
-    check=lambda v: not v.startswith("pvc://") or re.match(_PVC, v) is not None,
+_NO_DOT_SEGMENT = _forbid(
+    _PATH_SCHEMES + "((?s:.*)/)?[.][.]?(/|$)",
+    "must not contain '.' or '..' path segments (paths stay inside their root, written without detours)",
 )
-_HF_ID = Cel(
-    rule=f"!self.startsWith('hf://') || self.matches('{_HF}')",
-    message="hf:// must be followed by ORG/NAME[@REVISION], e.g. hf://THUDM/CogVideoX-5b",
-    check=lambda v: not v.startswith("hf://") or re.match(_HF, v) is not None,
+_PVC_CLAIM = _require(
+    r"^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/|$)",
+    "pvc:// must be followed by a claim name (lower-case letters, digits, '-'), e.g. pvc://videos/my-job",
+    only_for="pvc://",
+)
+_HF_ID = _require(
+    r"^hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._-]+)?$",
+    "hf:// must be followed by ORG/NAME[@REVISION], e.g. hf://THUDM/CogVideoX-5b",
+    only_for="hf://",
+)
+_HTTPS_NO_USERINFO = _forbid(
+    r"^https://[^/?#]*@",
+    "must not carry credentials (user:password@ before the host): anyone who can read the job could read them",
+)
+_HTTPS_FORM = _require(
+    r"^https://([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?([/?#][^ ]*)?$",
+    "https:// must be followed by a host name, an optional :port and a path with no spaces "
+    "(percent-encode them), e.g. https://example.com/images/face.png",
+    only_for="https://",
 )
 
-_URI_FIELD = Field(min_length=1, max_length=1024)
+# Order sets which message a value breaking several rules gets: what it is
+# (scheme), then what it contains, then its structure.
+_CONTAINED = (_NO_CONTROL, _NO_LOOKALIKE, _NO_BACKSLASH, _NO_PERCENT, _NO_EMPTY_SEGMENT,
+              _NO_DOT_SEGMENT, _PVC_CLAIM)
+URI_RULES: dict[str, tuple[Cel, ...]] = {
+    "output": (_schemes_rule(("pvc", "local")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED),
+    "input": (_NO_HTTP, _schemes_rule(("pvc", "local", "https")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED,
+              _HTTPS_NO_USERINFO, _HTTPS_FORM),
+    "source": (_schemes_rule(("hf", "pvc", "local")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED, _HF_ID),
+}
 
-OutputUri = Annotated[
-    str,
-    _URI_FIELD,
-    _schemes_rule(("pvc", "local")),
-    _HAS_LOCATION,
-    _NO_ABSOLUTE,
-    _NO_DOTDOT,
-    _PVC_NAME,
-]
-InputUri = Annotated[
-    str,
-    _URI_FIELD,
-    _schemes_rule(("pvc", "local", "https", "http")),
-    _HAS_LOCATION,
-    _NO_ABSOLUTE,
-    _NO_DOTDOT,
-    _PVC_NAME,
-]
-SourceUri = Annotated[
-    str,
-    _URI_FIELD,
-    _schemes_rule(("hf", "pvc", "local")),
-    _HAS_LOCATION,
-    _NO_ABSOLUTE,
-    _NO_DOTDOT,
-    _PVC_NAME,
-    _HF_ID,
-]
+
+def uri_problem(uri: object, kind: UriKind) -> str | None:
+    """What is wrong with ``uri`` as a ``kind`` uri (None: well formed and
+    contained). The same rules as the API types and the CRD's CEL; the runtime
+    calls it again because a request may reach it without passing either."""
+    if not isinstance(uri, str):
+        return f"must be a string (got {type(uri).__name__})"
+    if not 1 <= len(uri) <= MAX_URI_LENGTH:
+        return f"must have 1 to {MAX_URI_LENGTH} characters (got {len(uri)})"
+    for rule in URI_RULES[kind]:
+        if not rule.check(uri):
+            return rule.message
+    return None
+
+
+# Kubernetes' rule for object names (a DNS-1123 subdomain), the one the API
+# server applies to metadata.name; checked again wherever a name becomes a path.
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS1123_MAX_LENGTH = 253
+_DNS1123 = _python(DNS1123_SUBDOMAIN)
+
+
+def name_problem(name: object) -> str | None:
+    """What is wrong with ``name`` as a Kubernetes object name (None: valid).
+    A job's name becomes NAME.mp4/.png/.json/.log, so this is also its file-name rule."""
+    if not isinstance(name, str) or not name:
+        return "is required (a string)"
+    if len(name) > DNS1123_MAX_LENGTH:
+        return f"must have at most {DNS1123_MAX_LENGTH} characters (got {len(name)})"
+    if _DNS1123.search(name) is None:
+        return (f"{name!r} is not a DNS-1123 subdomain (Kubernetes' rule for object names): lower-case letters, "
+                "digits, '-' and '.', starting and ending with a letter or digit, e.g. my-video-1")
+    return None
+
+
+_URI_FIELD = Field(min_length=1, max_length=MAX_URI_LENGTH)
+
+OutputUri = Annotated[str, _URI_FIELD, *URI_RULES["output"]]
+InputUri = Annotated[str, _URI_FIELD, *URI_RULES["input"]]
+SourceUri = Annotated[str, _URI_FIELD, *URI_RULES["source"]]

@@ -5,6 +5,10 @@ Ranking (a fixed order, so more memory can only move the choice forward):
    falls back to when nothing fits without it;
 2. then estimated seconds, where each doubling of GPUs must buy at least 10%
    (seconds x (1/0.9)^log2(gpus)): fewer GPUs win when the gain is under 10%.
+A layout without offload whose peak is the VAE decode also comes with the
+denoiser moved to the host for the decode (``decode_offload``), when that
+lowers its need: it costs two weight copies, so it wins only where the same
+layout without it does not fit.
 When nothing fits, the reason names the smallest change that would.
 """
 
@@ -17,6 +21,8 @@ from typing import Any, Iterable
 
 from ..api.spec import VideoJobSpec, parse_bytes
 from ..catalog import ModelInfo, get_model
+from ..layout_rules import layout_problem as check_layout
+from ..layout_rules import resolved_cache
 from .calibration import Calibration, load_calibration
 from .latency import LatencyEstimate, LatencyModel
 from .memory import GiB, OFFLOAD_MODES, Job, Layout, MemoryEstimate, MemoryModel
@@ -24,7 +30,6 @@ from .memory import GiB, OFFLOAD_MODES, Job, Layout, MemoryEstimate, MemoryModel
 GPU_SAVING_THRESHOLD = 0.10
 SWEEP_GPU_GIB = (12, 16, 24, 48, 80, 141)
 _SUGGEST_GPU_GIB = (12, 16, 24, 32, 40, 48, 80, 96, 141, 192)
-_CACHE_PREFERENCE = ("dbcache", "fbcache", "teacache")
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,8 @@ class Inventory:
     gpus_per_node: int = 8
     host_memory: int = 512 * GiB
     gpu_type: str = "a100"
+    # What one rank runs on, in messages: "GPU", or "CPU rank" for `videojob run` on a CPU.
+    unit: str = "GPU"
 
 
 @dataclass(frozen=True)
@@ -51,12 +58,14 @@ class Request:
     offload: str | None = None
     vae_tiling: bool | None = None
     vae_slicing: bool | None = None
+    decode_offload: bool | None = None
 
     @property
     def forced_memory(self) -> str:
         """The spec.memory overrides, as the user wrote them (empty when none)."""
         parts = [f"{k}: {v}" for k, v in (("offload", self.offload), ("vaeTiling", self.vae_tiling),
-                                          ("vaeSlicing", self.vae_slicing)) if v is not None]
+                                          ("vaeSlicing", self.vae_slicing),
+                                          ("decodeOffload", self.decode_offload)) if v is not None]
         return ", ".join(parts)
 
 
@@ -66,13 +75,14 @@ class Alternative:
     def __init__(self, layout: Layout, memory_model: MemoryModel, latency_model: LatencyModel,
                  inventory: Inventory):
         self.layout = layout
+        self.unit = inventory.unit
         self._memory_model, self._latency_model = memory_model, latency_model
         self.need = memory_model.need(layout)
         self.host = memory_model.host(layout)
         self.seconds = latency_model.estimate(layout).total
         why = []
         if self.need > inventory.gpu_memory:
-            why.append(f"needs {self.need / GiB:.1f} GiB per GPU, has {inventory.gpu_memory / GiB:.0f}")
+            why.append(f"needs {self.need / GiB:.1f} GiB per {inventory.unit}, has {inventory.gpu_memory / GiB:.0f}")
         if self.host > inventory.host_memory:
             why.append(f"needs {self.host / GiB:.0f} GiB host RAM, has {inventory.host_memory / GiB:.0f}")
         self.fits = not why
@@ -102,12 +112,15 @@ class Alternative:
             "vaeTiling": lay.vae_tiling,
             "vaeSlicing": lay.vae_slicing,
             "fp8Weights": lay.fp8_weights,
+            "decodeOffload": lay.decode_offload,
             "cache": lay.cache,
-            "summary": lay.summary(),
+            "summary": lay.summary(self.unit),
             "peakGiBPerGPU": round(mem.peak / GiB, 2),
             "needGiBPerGPU": round(mem.need / GiB, 2),
             "peakStage": mem.peak_stage,
+            "decodingRanks": mem.decoding_ranks,
             "hostRAMGiB": round(mem.host_bytes / GiB, 1),
+            "hostRAMPerRankGiB": {phase: round(b / GiB, 2) for phase, b in mem.host_phases.items()},
             "estimatedSeconds": round(self.latency.total, 1),
             "seconds": {
                 "load": round(self.latency.load, 1),
@@ -139,9 +152,7 @@ class PlanResult:
 
 
 def resolve_cache(model: ModelInfo, policy: str) -> str:
-    if policy == "auto":
-        return next((c for c in _CACHE_PREFERENCE if c in model.caches), "off")
-    return policy
+    return resolved_cache(model, policy)
 
 
 def request_from_spec(spec: VideoJobSpec) -> Request:
@@ -166,6 +177,7 @@ def request_from_spec(spec: VideoJobSpec) -> Request:
         offload=m.offload if m else None,
         vae_tiling=m.vae_tiling if m else None,
         vae_slicing=m.vae_slicing if m else None,
+        decode_offload=m.decode_offload if m else None,
     )
 
 
@@ -177,36 +189,28 @@ def inventory_for_spec(spec: VideoJobSpec, inventory: Inventory) -> Inventory:
 
 
 def degree_triples(request: Request, limit: int) -> Iterable[tuple[int, int, int]]:
-    """(ulysses, ring, cfg) the model and job allow on at most ``limit`` GPUs."""
-    job, model = request.job, request.job.model
+    """(ulysses, ring, cfg) the model and job allow on at most ``limit`` GPUs (a
+    ``parallel`` override is the only candidate, and is refused above the limit)."""
+    job = request.job
     candidates = [request.parallel] if request.parallel else [
         (u, r, c) for c in (1, 2) for u in range(1, limit + 1) for r in range(1, limit + 1) if u * r * c <= limit
     ]
     for ulysses, ring, cfg in candidates:
-        if layout_problem(job, ulysses, ring, cfg, request.cache) is None:
+        if ulysses * ring * cfg <= limit and layout_problem(job, ulysses, ring, cfg, request.cache) is None:
             yield (ulysses, ring, cfg)
 
 
+def job_env(job: Job, ulysses: int, ring: int, cfg: int, cache: str) -> dict:
+    """The layout rules' variables for a resolved job and candidate degrees."""
+    return {"width": job.width, "height": job.height, "frames": job.frames, "guidance": job.guidance,
+            "ulysses": ulysses, "ring": ring, "cfg": cfg, "cache": cache}
+
+
 def layout_problem(job: Job, ulysses: int, ring: int, cfg: int, cache: str = "off") -> str | None:
-    """Why these degrees cannot run this job (None when they can)."""
-    model, arch = job.model, job.model.arch
-    sp = ulysses * ring
-    if cache == "fbcache" and sp * cfg > 1:
-        return "fbcache decides per rank (ranks would disagree): use dbcache or teacache on several GPUs"
-    if not model.sequence_parallel and (sp > 1 or cfg > 1):
-        return f"{model.id} runs on one GPU (xfuser has no parallel pipeline for it)"
-    if model.attention_heads % ulysses:
-        return f"ulysses {ulysses} does not divide the {model.attention_heads} attention heads"
-    if cfg > 1 and (job.guidance <= 1.0 or not model.cfg_parallel):
-        return "CFG parallel needs guidance above 1 and a model xfuser can split by CFG"
-    if sp > 1 and model.sp_needs_guidance and job.guidance <= 1.0:
-        return f"xfuser runs {model.id} sequence-parallel only with guidance above 1"
-    if job.tokens % sp:
-        return f"{job.tokens} latent tokens do not divide by the sequence-parallel degree {sp}"
-    rows = job.height // (arch.vae_spatial * arch.patch_hw)
-    if model.sp_split == "height" and rows % sp:
-        return f"{rows} latent patch rows (height {job.height}) do not divide by the sequence-parallel degree {sp}"
-    return None
+    """Why these degrees cannot run this job (None when they can): the same rules,
+    from the same definitions, as validation (``layout_rules``)."""
+    broken = check_layout(job.model, job_env(job, ulysses, ring, cfg, cache))
+    return broken[1] if broken else None
 
 
 def allowed_offloads(request: Request) -> list[str]:
@@ -224,14 +228,33 @@ def enumerate_layouts(request: Request, inventory: Inventory, offloads: list[str
     slicing = bool(request.vae_slicing)
     # The runtime offloads only single-rank jobs (offload under xfuser's
     # sequence parallel is not supported there yet).
+    # spec.memory.decodeOffload true forces it on every layout without offload (the
+    # only ones it applies to); otherwise decode_offload_variants adds it where it helps.
+    forced_decode = bool(request.decode_offload)
     return [
         Layout(ulysses=u, ring=r, cfg=c, offload=off, vae_tiling=tiling, vae_slicing=slicing,
-               cache=request.cache, fp8_weights=request.fp8_weights)
+               cache=request.cache, fp8_weights=request.fp8_weights,
+               decode_offload=forced_decode and off == "none")
         for off in offloads
         for (u, r, c) in triples
         if off == "none" or u * r * c == 1
         for tiling in tilings
     ]
+
+
+def decode_offload_variants(batch: list[Alternative], memory_model: MemoryModel, latency_model: LatencyModel,
+                            inventory: Inventory) -> list[Alternative]:
+    """For each layout without offload whose peak is the decode, the same layout
+    with the denoiser moved to the host for the decode, where that lowers the need."""
+    out = []
+    for alt in batch:
+        lay = alt.layout
+        if lay.offload != "none" or lay.decode_offload or not memory_model.decode_sets_peak(lay):
+            continue
+        variant = replace(lay, decode_offload=True)
+        if memory_model.need(variant) < alt.need:
+            out.append(Alternative(variant, memory_model, latency_model, inventory))
+    return out
 
 
 def evaluate_all(calibration: Calibration, request: Request, inventory: Inventory,
@@ -246,10 +269,18 @@ def evaluate_all(calibration: Calibration, request: Request, inventory: Inventor
     for tier in allowed_offloads(request):
         batch = [Alternative(lay, memory_model, latency_model, inventory)
                  for lay in enumerate_layouts(request, inventory, [tier])]
+        if request.decode_offload is None:
+            batch += decode_offload_variants(batch, memory_model, latency_model, inventory)
         out += batch
         if not exhaustive and any(a.fits for a in batch):
             break
     return out
+
+
+def candidate_layouts(request: Request, inventory: Inventory, calibration: Calibration | None = None) -> list[Layout]:
+    """Every layout the planner would consider for this request (fitting or not):
+    what the runtime must be able to run (tests/test_layout_matrix.py)."""
+    return [a.layout for a in evaluate_all(calibration or load_calibration(), request, inventory, exhaustive=True)]
 
 
 def choose(request: Request, inventory: Inventory, calibration: Calibration | None = None,
@@ -266,10 +297,11 @@ def choose(request: Request, inventory: Inventory, calibration: Calibration | No
         return PlanResult(None, ordered, _no_fit_reason(request, inventory, calibration, alternatives))
     chosen = fitting[0]
     single = [a for a in fitting if a.layout.gpus == 1]
-    reason = f"fits in {inventory.gpu_memory / GiB:.0f} GiB per GPU with {chosen.need / GiB:.1f} GiB needed"
+    reason = (f"fits in {inventory.gpu_memory / GiB:.0f} GiB per {inventory.unit} with "
+              f"{chosen.need / GiB:.1f} GiB needed")
     if chosen.layout.gpus > 1 and single:
         speedup = single[0].seconds / chosen.seconds
-        reason += f"; {speedup:.1f}x faster than the best 1-GPU layout"
+        reason += f"; {speedup:.1f}x faster than the best 1-{inventory.unit} layout"
     if chosen.layout.offload != "none":
         reason += f"; {chosen.layout.offload} offload because no layout fits without it"
     return PlanResult(chosen, ordered, reason)
@@ -290,16 +322,23 @@ def _no_fit_reason(request: Request, inventory: Inventory, calibration: Calibrat
     if not alternatives:
         if request.parallel:
             u, r, c = request.parallel
+            limit = min(request.max_gpus, inventory.gpus_per_node)
+            if u * r * c > limit:
+                return (f"parallel ulysses {u} x ring {r} x cfg {c} needs {u * r * c} {inventory.unit}s in one "
+                        f"node; this node has {inventory.gpus_per_node} (resources.maxGPUs {request.max_gpus}): "
+                        "lower the degrees or drop the parallel override")
             problem = layout_problem(job, u, r, c, request.cache)
             return f"parallel ulysses {u} x ring {r} x cfg {c} cannot run this job: {problem}"
+        if request.offload is not None and request.offload not in job.model.offload_modes:
+            return f"memory.offload {request.offload} is not available for {job.model.id}"
         return "no parallel layout is valid for this model and size"
     smallest = min(alternatives, key=lambda a: a.need)
     head = (
-        f"nothing fits: the smallest layout ({smallest.layout.summary()}) {smallest.why_not}"
+        f"nothing fits: the smallest layout ({smallest.layout.summary(inventory.unit)}) {smallest.why_not}"
     )
     fixes: list[str] = []
     if request.forced_memory:
-        free = replace(request, offload=None, vae_tiling=None, vae_slicing=None)
+        free = replace(request, offload=None, vae_tiling=None, vae_slicing=None, decode_offload=None)
         if _fits(free, inventory, calibration):
             fixes.append(f"remove the spec.memory override ({request.forced_memory}): the planner finds a layout")
     if not request.allow_offload and _fits(replace(request, allow_offload=True), inventory, calibration):

@@ -6,8 +6,17 @@ Peak per rank = max over stages (encode, denoise, decode) of
 Activations come from the calibration fits; weights from the measured
 bytes of the real modules. Under USP every rank holds all weights; more
 ranks cut activations (tokens / SP degree; CFG parallel halves the batch).
+A pipeline whose guidance is a second denoiser call (Wan) runs two calls at
+batch 1 per step, the first call's output kept while the second runs.
+Decode runs on the decoding ranks (``ModelInfo.decoding_ranks``); there the
+idle denoiser can be moved to the host for the decode (``decode_offload``).
 Capacity checks add the CUDA context and allocator fragmentation, which
 ``max_memory_allocated`` (what published figures quote) does not see.
+
+Host RAM per rank: loading holds every component on the host
+(``from_pretrained`` builds the pipeline there before placing it), then the
+job holds what the layout parks there (the text encoder after encoding, the
+denoiser during a decode offload, everything under offload).
 """
 
 from __future__ import annotations
@@ -19,27 +28,8 @@ from .calibration import DTYPE_BYTES, ModelCal
 
 GiB = 1024**3
 OFFLOAD_MODES = ("none", "model", "group", "sequential")
-
-# CUDA context per process: seen by nvidia-smi and OOMs, not by the allocator.
-CUDA_CONTEXT_BYTES = int(0.5 * GiB)
-# Reserved above allocated (caching allocator fragmentation): plan with a margin.
-FRAGMENTATION = 0.05
-# Untiled 3D-VAE decodes run full-frame convolutions whose cuDNN workspace no
-# tensor shows: DESIGN.md measured a ~3.9 GiB gap at 720x480 (CogVideoX-2b,
-# diffusers docs vs tracked bytes) only when the decode set the peak, and
-# none with tiling. Modelled per decoded pixel until a GPU measures it.
-CONV_WORKSPACE_PER_PIXEL = 3.9 * GiB / (720 * 480)
-# fp8 layerwise casting stores Linear/Conv weights in 1 byte; norms and
-# embeddings stay in the compute dtype (about 4% of a DiT's bytes).
-FP8_WEIGHT_FACTOR = 0.52
-# Step caches keep residuals of the hidden states between steps: FBCache and
-# DBCache keep the first block's residual and the cached output residual for
-# video and text streams; TeaCache one residual.
-CACHE_RESIDUALS = {"off": 0, "teacache": 1, "fbcache": 3, "dbcache": 3}
-# Host RAM a runtime process needs besides weights (torch, Ray worker, CUDA libs).
-PROCESS_HOST_BYTES = 3 * GiB
-# Group offload with CUDA streams keeps pinned copies: about 2x the weights.
-GROUP_OFFLOAD_HOST_FACTOR = 2.0
+# Every other number here is a calibrated constant: ``cal.constants`` (values
+# and provenance in calibration.json, written by ``videojob profile``).
 
 
 @dataclass(frozen=True)
@@ -54,9 +44,16 @@ class Layout:
     vae_slicing: bool = False
     fp8_weights: bool = False
     cache: str = "off"
-    # Our runtime frees the text encoder after encoding when nothing is
-    # offloaded; diffusers' default pipeline keeps it (the published anchors).
+    # Move the denoiser's weights to the host for the VAE decode (offload none
+    # only; back before the next job's denoise): strategies/decode_offload.py.
+    decode_offload: bool = False
+    # Our runtime parks the text encoder on the host after encoding when
+    # nothing is offloaded; diffusers' default pipeline keeps it on the GPU
+    # (the published anchors).
     free_text_encoder: bool = True
+    # Our runtime skips the CogVideoX VAE's never-read conv cache
+    # (strategies/vae_conv_cache.py, bit-identical); diffusers as shipped does not.
+    skip_unread_conv_cache: bool = True
 
     @property
     def sp(self) -> int:
@@ -66,9 +63,9 @@ class Layout:
     def gpus(self) -> int:
         return self.sp * self.cfg
 
-    def summary(self) -> str:
+    def summary(self, unit: str = "GPU") -> str:
         parts = [f"{k}{v}" for k, v in (("ulysses", self.ulysses), ("ring", self.ring), ("cfg", self.cfg)) if v > 1]
-        text = " x ".join(parts) if parts else "1 GPU"
+        text = " x ".join(parts) if parts else f"1 {unit}"
         text += ", no offload" if self.offload == "none" else f", {self.offload} offload"
         if self.vae_tiling:
             text += ", VAE tiling"
@@ -76,6 +73,8 @@ class Layout:
             text += ", VAE slicing"
         if self.fp8_weights:
             text += ", fp8 weights"
+        if self.decode_offload:
+            text += ", denoiser to host for decode"
         if self.cache != "off":
             text += f", {self.cache}"
         return text
@@ -99,17 +98,28 @@ class Job:
 
     @property
     def cfg_batch(self) -> int:
-        """Sequences per denoiser call without CFG parallel: 2 with guidance."""
+        """Sequences per step without CFG parallel: 2 with guidance."""
         return 2 if self.guidance > 1.0 else 1
+
+    @property
+    def calls_per_step(self) -> int:
+        """Denoiser calls per step without CFG parallel (the catalog's fact)."""
+        return self.model.denoiser_calls_per_step(self.guidance)
 
 
 @dataclass
 class MemoryEstimate:
-    """Bytes per rank by stage and part; ``peak`` is what max_memory_allocated would show."""
+    """Bytes per rank by stage and part (the decoding rank's, which holds the
+    most); ``peak`` is what max_memory_allocated would show."""
 
     stages: dict[str, dict[str, float]] = field(default_factory=dict)
     host_bytes_per_rank: float = 0.0
     ranks: int = 1
+    # Host RAM per rank by phase: "load" (from_pretrained) and "job" (parked weights).
+    host_phases: dict[str, float] = field(default_factory=dict)
+    decoding_ranks: int = 1
+    fragmentation: float = 0.0
+    context_bytes: float = 0.0
 
     def stage_total(self, stage: str) -> float:
         return sum(self.stages[stage].values())
@@ -125,7 +135,7 @@ class MemoryEstimate:
     @property
     def need(self) -> float:
         """GPU bytes a rank must have free: peak plus context and fragmentation."""
-        return self.peak * (1 + FRAGMENTATION) + CUDA_CONTEXT_BYTES
+        return self.peak * (1 + self.fragmentation) + self.context_bytes
 
     @property
     def host_bytes(self) -> float:
@@ -140,7 +150,9 @@ class MemoryModel:
     """
 
     def __init__(self, cal: ModelCal, job: Job):
-        self.cal, self.job = cal, job
+        if cal.constants is None:
+            raise ValueError("MemoryModel needs a calibration with constants (parse_calibration)")
+        self.cal, self.job, self.c = cal, job, cal.constants
         arch = job.model.arch
         self.elt = DTYPE_BYTES[job.dtype]
         self.hidden = job.model.attention_heads * arch.head_dim
@@ -148,47 +160,55 @@ class MemoryModel:
         self.text_tokens = arch.text_tokens
         self.encode_act = cal.encode_bytes.get(job.dtype) or max(cal.encode_bytes.values())
         self.decode_act = {
-            t: cal.decode.bytes(job.width, job.height, job.frames, t, job.dtype) for t in (False, True)
+            (tiling, skip): cal.decode_fit(skip).bytes(job.width, job.height, job.frames, tiling, job.dtype)
+            for tiling in (False, True) for skip in (False, True)
         }
         self.workspace = (
-            CONV_WORKSPACE_PER_PIXEL * job.width * job.height if arch.vae_temporal > 1 else 0.0
+            self.c.conv_workspace_bytes_per_pixel * job.width * job.height if arch.vae_temporal > 1 else 0.0
         )
-        self.latents = 2 * arch.latent_channels * (self.tokens * arch.patch_t * arch.patch_hw**2) * 4
+        positions = self.tokens * arch.patch_t * arch.patch_hw**2
+        self.latents = 2 * arch.latent_channels * positions * 4
+        # One denoiser output (the noise prediction), kept while the next call runs.
+        self.call_output = arch.latent_channels * positions * self.elt
         self._resident_cache: dict[tuple, dict[str, float]] = {}
         self._resident_sum: dict[tuple, float] = {}
-        self._host_per_rank: dict[tuple, float] = {}
+        self._host_per_rank: dict[tuple, dict[str, float]] = {}
 
     def weights(self, fp8: bool) -> dict[str, float]:
-        out = {}
-        for name, comp in self.cal.components.items():
-            w = float(comp.weights(self.job.dtype))
-            if fp8 and name == self.cal.denoiser:
-                w *= FP8_WEIGHT_FACTOR
-            out[name] = w
-        return out
+        """Weights per component; with ``fp8`` the denoiser's as fp8 storage keeps them (measured)."""
+        return {name: float(comp.weights(self.job.dtype, fp8 and name == self.cal.denoiser))
+                for name, comp in self.cal.components.items()}
 
-    def resident(self, layout: Layout, active: str) -> dict[str, float]:
-        """Weights on the GPU while ``active`` runs, by offload mode."""
-        key = (layout.offload, layout.free_text_encoder, layout.fp8_weights, active)
+    def decoding_ranks(self, layout: Layout) -> int:
+        return layout.gpus if self.job.model.decoding_ranks == "all" else 1
+
+    def resident(self, layout: Layout, active: str, decoding: bool = False) -> dict[str, float]:
+        """Weights on the GPU while ``active`` runs, by offload mode (``decoding``:
+        the VAE decode, where a decode offload has moved the denoiser away)."""
+        key = (layout.offload, layout.free_text_encoder, layout.fp8_weights, active,
+               decoding and layout.decode_offload)
         if key not in self._resident_cache:
-            self._resident_cache[key] = self._resident(layout, active)
+            self._resident_cache[key] = self._resident(layout, active, key[-1])
         return self._resident_cache[key]
 
-    def resident_bytes(self, layout: Layout, active: str) -> float:
-        key = (layout.offload, layout.free_text_encoder, layout.fp8_weights, active)
+    def resident_bytes(self, layout: Layout, active: str, decoding: bool = False) -> float:
+        key = (layout.offload, layout.free_text_encoder, layout.fp8_weights, active,
+               decoding and layout.decode_offload)
         total = self._resident_sum.get(key)
         if total is None:
-            total = self._resident_sum[key] = sum(self.resident(layout, active).values())
+            total = self._resident_sum[key] = sum(self.resident(layout, active, decoding).values())
         return total
 
-    def _resident(self, layout: Layout, active: str) -> dict[str, float]:
+    def _resident(self, layout: Layout, active: str, decode_offload: bool) -> dict[str, float]:
         weights = self.weights(layout.fp8_weights)
         mode = layout.offload
         if mode == "none":
             if layout.free_text_encoder and active not in ("text_encoder", "image_encoder"):
-                # Our runtime frees the encoders once the prompt and image are encoded.
+                # Our runtime parks the encoders on the host once the prompt and image are encoded.
                 weights.pop("text_encoder", None)
                 weights.pop("image_encoder", None)
+            if decode_offload:
+                weights.pop(self.cal.denoiser, None)
             return weights
         if mode == "model":
             return {active: weights[active]}
@@ -198,7 +218,7 @@ class MemoryModel:
             # a stream; the rest of the module (embeddings, heads) is a group too.
             if comp.num_blocks == 0:
                 return {active: weights[active]}
-            scale = weights[active] / comp.weights(self.job.dtype)  # fp8 storage shrinks all groups alike
+            scale = weights[active] / comp.weights(self.job.dtype)  # fp8 storage: groups shrink alike (approx.)
             block = comp.block(self.job.dtype) * scale
             if comp.unmatched_bytes is not None:
                 rest = comp.unmatched_bytes[self.job.dtype] * scale
@@ -208,15 +228,26 @@ class MemoryModel:
         return {active: float(comp.leaf(self.job.dtype))}  # sequential: one leaf at a time
 
     def _denoise_parts(self, layout: Layout) -> tuple[float, float, float, float]:
-        """(activations, ring buffers, step cache, latents) per rank."""
-        batch = 1 if layout.cfg == 2 else self.job.cfg_batch
+        """(activations, ring buffers, step cache, latents) per rank.
+
+        Without CFG parallel a step runs ``cfg_batch`` sequences in
+        ``calls_per_step`` calls (CogVideoX: one call at batch 2; Wan: two at
+        batch 1, the first call's output kept while the second runs); CFG
+        parallel gives each rank one sequence in one call."""
+        seqs = 1 if layout.cfg == 2 else self.job.cfg_batch
+        calls = 1 if layout.cfg == 2 else self.job.calls_per_step
+        batch = seqs // calls
         per_rank = self.tokens / layout.sp
-        act = self.cal.denoise.bytes(per_rank, batch, self.job.dtype)
+        act = self.cal.denoise.bytes(per_rank, batch, self.job.dtype) + (calls - 1) * self.call_output * batch
         # Ring attention holds a peer's K and V block while computing its own.
         ring = 2 * per_rank * self.hidden * self.elt * batch if layout.ring > 1 else 0.0
-        residuals = CACHE_RESIDUALS.get(layout.cache, 0)
-        cache = residuals * (per_rank + self.text_tokens) * self.hidden * self.elt * batch
-        return act, ring, cache, self.latents * batch
+        # Step caches keep their residuals for every sequence of the step.
+        residuals = self.c.cache_residuals.get(layout.cache, 0)
+        cache = residuals * (per_rank + self.text_tokens) * self.hidden * self.elt * seqs
+        return act, ring, cache, self.latents * seqs
+
+    def _decode_act(self, layout: Layout) -> float:
+        return self.decode_act[(layout.vae_tiling, layout.skip_unread_conv_cache)]
 
     def stage_totals(self, layout: Layout) -> tuple[float, ...]:
         """Bytes per rank of each stage (encode, [image], denoise, decode), without the breakdown."""
@@ -225,31 +256,53 @@ class MemoryModel:
         if self.cal.image_encode_bytes is not None:
             image = (self.resident_bytes(layout, self.cal.image_encoder) + self.cal.image_encode_bytes,)
         denoise = self.resident_bytes(layout, self.cal.denoiser) + sum(self._denoise_parts(layout))
-        decode = self.resident_bytes(layout, "vae") + self.decode_act[layout.vae_tiling]
+        decode = self.resident_bytes(layout, "vae", decoding=True) + self._decode_act(layout)
         if not layout.vae_tiling:
             decode += self.workspace
         return (encode, *image, denoise, decode)
 
     def need(self, layout: Layout) -> float:
-        return max(self.stage_totals(layout)) * (1 + FRAGMENTATION) + CUDA_CONTEXT_BYTES
+        return max(self.stage_totals(layout)) * (1 + self.c.fragmentation) + self.c.cuda_context_bytes
+
+    def decode_sets_peak(self, layout: Layout) -> bool:
+        totals = self.stage_totals(layout)
+        return totals[-1] >= max(totals)
+
+    def host_phases(self, layout: Layout) -> dict[str, float]:
+        """Host RAM per rank (besides the process itself) while loading and during
+        the job (on a decoding rank: the others do not park the denoiser)."""
+        key = (layout.offload, layout.fp8_weights, layout.free_text_encoder, layout.decode_offload)
+        phases = self._host_per_rank.get(key)
+        if phases is None:
+            loaded = self.weights(False)  # from_pretrained: every component, as loaded (fp8 comes after)
+            placed = self.weights(layout.fp8_weights)
+            if layout.offload == "none":
+                job = 0.0
+                if layout.free_text_encoder:  # parked on the host after encoding, for the rest of the job
+                    job += placed.get("text_encoder", 0.0) + placed.get("image_encoder", 0.0)
+                if layout.decode_offload:  # the denoiser during the decode, on a decoding rank
+                    job += placed[self.cal.denoiser]
+            elif layout.offload == "group":
+                job = self.c.group_offload_host_factor * sum(placed.values())
+            else:
+                job = sum(placed.values())
+            phases = self._host_per_rank[key] = {"load": sum(loaded.values()), "job": job}
+        return phases
 
     def host(self, layout: Layout) -> float:
-        """Host RAM for all ranks of the pod."""
-        key = (layout.offload, layout.fp8_weights)
-        per_rank = self._host_per_rank.get(key)
-        if per_rank is None:
-            weights = self.weights(layout.fp8_weights)
-            if layout.offload == "none":
-                per_rank = PROCESS_HOST_BYTES + max(weights.values())  # loading streams one component at a time
-            elif layout.offload == "group":
-                per_rank = PROCESS_HOST_BYTES + GROUP_OFFLOAD_HOST_FACTOR * sum(weights.values())
-            else:
-                per_rank = PROCESS_HOST_BYTES + sum(weights.values())
-            self._host_per_rank[key] = per_rank
-        return per_rank * layout.gpus
+        """Host RAM for all ranks of the pod: each rank loads its own copy; a
+        decode offload parks the denoiser on the decoding ranks only."""
+        phases = self.host_phases(layout)
+        decoding = self.decoding_ranks(layout)
+        others = phases["job"]
+        if layout.decode_offload and layout.offload == "none":
+            others -= self.weights(layout.fp8_weights)[self.cal.denoiser]
+        return (self.c.process_host_bytes * layout.gpus + decoding * max(phases["load"], phases["job"])
+                + (layout.gpus - decoding) * max(phases["load"], others))
 
     def estimate(self, layout: Layout) -> MemoryEstimate:
-        est = MemoryEstimate(ranks=layout.gpus)
+        est = MemoryEstimate(ranks=layout.gpus, decoding_ranks=self.decoding_ranks(layout),
+                             fragmentation=self.c.fragmentation, context_bytes=self.c.cuda_context_bytes)
         est.stages["encode"] = {**self.resident(layout, "text_encoder"), "activations": self.encode_act}
         if self.cal.image_encode_bytes is not None:
             est.stages["image"] = {
@@ -264,11 +317,12 @@ class MemoryModel:
             denoise["step cache"] = cache
         denoise["latents"] = latents
         est.stages["denoise"] = denoise
-        decode = {**self.resident(layout, "vae"), "activations": self.decode_act[layout.vae_tiling]}
+        decode = {**self.resident(layout, "vae", decoding=True), "activations": self._decode_act(layout)}
         if not layout.vae_tiling and self.workspace:
             decode["conv workspace"] = self.workspace
         est.stages["decode"] = decode
         est.host_bytes_per_rank = self.host(layout) / layout.gpus
+        est.host_phases = dict(self.host_phases(layout))
         return est
 
 

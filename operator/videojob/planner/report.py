@@ -56,6 +56,9 @@ def render_plan(spec: VideoJobSpec, inventory: Inventory, result: PlanResult, sh
             f"  peak {c.memory.peak / GiB:.2f} GiB per GPU in {c.memory.peak_stage} "
             f"(need {c.memory.need / GiB:.2f} with CUDA context and fragmentation), "
             f"host RAM {c.memory.host_bytes / GiB:.1f} GiB",
+            f"  per rank: {c.memory.host_phases.get('load', 0) / GiB:.1f} GiB of weights while loading, "
+            f"{c.memory.host_phases.get('job', 0) / GiB:.1f} GiB parked on the host during the job; "
+            f"{c.memory.decoding_ranks} of {c.layout.gpus} rank(s) decode",
             f"  about {c.latency.total:.0f} s: load {c.latency.load:.0f}, encode {c.latency.encode:.1f}, "
             f"denoise {c.latency.denoise:.0f}, decode {c.latency.decode:.0f}",
             f"  why: {result.reason}",

@@ -6,6 +6,15 @@ decode) at the model's native size and at smaller sizes / batches, so the
 planner can fit activations linearly in tokens and batch. Every number comes
 from running the real module at full size under FakeTensorMode (see
 ``stages``); nothing is allocated, no GPU is used.
+
+Then the table's ``constants``: every constant the planner's memory and
+latency models use, with its provenance, fitted to the published figures
+(``videojob.planner.fit``, ``videojob.planner.anchors``) against the profile
+just measured, or assumed with the reason written down.
+
+Each model entry records when it was profiled and how long it took
+(``profiled``); ``environment.profiling_seconds`` is their sum, so merging a
+subset (``--models``) keeps the other models' records.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from . import stages
 __all__ = ["SCHEMA", "METHOD", "sample_plan", "profile_model", "component_table",
            "environment", "write_calibration"]
 
-SCHEMA = 1
+SCHEMA = 2  # the planner's calibration.SCHEMA: 2 added constants, fp8 bytes, skip and two-call samples
 METHOD = (
     "Each component is built at full size from its published config with random weights under "
     "torch FakeTensorMode on the fake CPU device (no memory allocated), the exact inputs the "
@@ -41,7 +50,13 @@ NOTES = [
     "rounding/fragmentation, cuDNN/cuBLAS workspaces (the VAE decode's conv workspace showed as a "
     "~3.9 GiB gap against published CogVideoX-2b figures, see DESIGN.md).",
     "denoise batch 2 = one prompt with classifier-free guidance in one call (CogVideoX, ConsisID, "
-    "I2VGen-XL, AnimateDiff pipelines); WanPipeline calls the transformer twice at batch 1.",
+    "I2VGen-XL, AnimateDiff pipelines); WanPipeline calls the transformer twice at batch 1: its "
+    "'calls': 2 sample is one step as the pipeline runs it, the first call's output alive during the second.",
+    "decode 'skip_unread_conv_cache': true = with the runtime's strategies/vae_conv_cache.py (CogVideoX-family "
+    "VAEs: the kernel-1 causal convs no longer clone their input into a cache that is never read; "
+    "bit-identical frames). Models without such convs have no such samples.",
+    "fp8_weight_bytes (denoisers): the weights under the runtime's fp8 storage (strategies/fp8.py: diffusers "
+    "layerwise casting to float8 with the model's skip patterns), counted from the layers it casts.",
     "latent_tokens: transformer patch tokens of the video (text excluded); for the UNets "
     "(i2vgen-xl, animatediff) latent pixels frames x (H/8) x (W/8).",
     "CogVideoX 1.5: text_tokens 226 (the diffusers pipeline's max_sequence_length default; the "
@@ -77,7 +92,7 @@ def environment() -> dict:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "generated": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "generated": _now(),
     }
 
 
@@ -122,10 +137,15 @@ def sample_plan(model_id: str) -> list[tuple[str, Callable[[], dict]]]:
         plan.append((f"denoise {w}x{h}x{frames} b{batch} {big}",
                      lambda frames=frames, batch=batch: stages.profile_denoise(
                          model_id, w, h, frames, batch, big)))
-    for frames, tiling in ((f, False), (f, True), (half, False)):
-        plan.append((f"decode {w}x{h}x{frames}{' tiled' if tiling else ''} {big}",
-                     lambda frames=frames, tiling=tiling: stages.profile_decode(
-                         model_id, w, h, frames, big, tiling)))
+    if info.denoiser_calls_per_step(info.default_guidance) == 2:
+        plan.append((f"denoise {w}x{h}x{f} b1 x2 calls {big}",
+                     lambda: stages.profile_denoise(model_id, w, h, f, 1, big, calls=2)))
+    skips = (False, True) if stages.skips_unread_conv_cache(model_id) else (False,)
+    for skip in skips:
+        for frames, tiling in ((f, False), (f, True), (half, False)):
+            label = f"decode {w}x{h}x{frames}{' tiled' if tiling else ''}{' skip-unread-cache' if skip else ''} {big}"
+            plan.append((label, lambda frames=frames, tiling=tiling, skip=skip: stages.profile_decode(
+                model_id, w, h, frames, big, tiling, skip_unread_conv_cache=skip)))
     return plan
 
 
@@ -149,6 +169,8 @@ def component_table(model_id: str, progress: Progress | None = None) -> dict:
             "group_offload_block_modules": first["group_offload_block_modules"],
             "fp32_params": {dt: per[dt]["fp32_params"] for dt in stages.DTYPES},
         }
+        if "fp8_weight_bytes" in first:
+            entry["fp8_weight_bytes"] = {dt: per[dt]["fp8_weight_bytes"] for dt in stages.DTYPES}
         if comp.notes:
             entry["notes"] = list(comp.notes)
         out[name] = entry
@@ -159,8 +181,13 @@ def component_table(model_id: str, progress: Progress | None = None) -> dict:
     return out
 
 
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
 def profile_model(model_id: str, progress: Progress | None = None) -> dict:
     """Components and samples of one model (raises on the first failure)."""
+    start = time.perf_counter()
     components = component_table(model_id, progress)
     samples = []
     for label, thunk in sample_plan(model_id):
@@ -169,7 +196,10 @@ def profile_model(model_id: str, progress: Progress | None = None) -> dict:
         if progress:
             progress(f"  {model_id} {label}: {s['activation_peak_bytes'] / 2**30:.3f} GiB "
                      f"({s['seconds']:.1f}s)")
-    return {"components": components, "samples": samples}
+    env = environment()
+    profiled = {"at": _now(), "seconds": round(time.perf_counter() - start, 1),
+                **{k: env[k] for k in ("torch", "diffusers", "transformers")}}
+    return {"components": components, "samples": samples, "profiled": profiled}
 
 
 def write_calibration(path: str | os.PathLike, models: Iterable[str] | None = None,
@@ -191,10 +221,12 @@ def write_calibration(path: str | os.PathLike, models: Iterable[str] | None = No
         merge = models is not None and path.exists()
     table: dict = {"schema": SCHEMA, "environment": environment(), "method": METHOD,
                    "notes": NOTES, "models": {}, "missing": {}}
+    old: dict = {}
     if merge and path.exists():
         old = json.loads(path.read_text())
-        table["models"].update(old.get("models", {}))
-        table["missing"].update(old.get("missing", {}))
+        if old.get("schema") == SCHEMA:  # an older schema's entries lack what this one measures
+            table["models"].update(old.get("models", {}))
+            table["missing"].update(old.get("missing", {}))
     t_all = time.perf_counter()
     for mid in ids:
         t0 = time.perf_counter()
@@ -213,11 +245,16 @@ def write_calibration(path: str | os.PathLike, models: Iterable[str] | None = No
         if progress:
             progress(f"  {mid} done in {time.perf_counter() - t0:.1f}s")
     total = time.perf_counter() - t_all
-    table["environment"]["profiling_seconds"] = round(total, 1)
     # Catalog order, so diffs stay small.
     table["models"] = {m: table["models"][m] for m in MODEL_IDS if m in table["models"]}
+    # Over every model in the table (a merge keeps the others' records): what
+    # re-profiling all of it takes, and what this run did.
+    table["environment"]["profiling_seconds"] = round(
+        sum(m.get("profiled", {}).get("seconds", 0.0) for m in table["models"].values()), 1)
+    table["environment"]["this_run"] = {"models": ids, "seconds": round(total, 1), "merged": bool(merge)}
     if not table["missing"]:
         del table["missing"]
+    table["constants"] = _constants(table["models"], old, progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(table, indent=1) + "\n")
@@ -225,6 +262,25 @@ def write_calibration(path: str | os.PathLike, models: Iterable[str] | None = No
     if progress:
         progress(f"wrote {path} ({len(table['models'])} models) in {total:.1f}s")
     return table
+
+
+def _constants(models: dict, old: dict, progress: Progress | None) -> dict:
+    """The planner's constants for this table: fitted here, or carried over
+    (from the merged file, else the checked-in table) where the table lacks
+    the model a figure is about."""
+    from videojob.planner.calibration import CALIBRATION_FILE
+    from videojob.planner.fit import calibrated_constants
+
+    carried = old.get("constants")
+    if carried is None and CALIBRATION_FILE.exists():
+        checked_in = json.loads(CALIBRATION_FILE.read_text())
+        carried = checked_in.get("constants")
+    constants = calibrated_constants(models, carried)
+    if progress:
+        for name, entry in constants.items():
+            if entry["kind"] == "fitted":
+                progress(f"  constant {name} = {entry['value']!r} ({entry['provenance'][:100]}...)")
+    return constants
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,6 +35,8 @@ __all__ = [
     "profile_vae_encode",
     "profile_denoise",
     "profile_decode",
+    "skips_unread_conv_cache",
+    "fp8_storage_bytes",
     "component_stats",
     "text_tokens",
     "latent_shape",
@@ -350,21 +352,32 @@ def _denoise_call(model_id: str, module, width: int, height: int, frames: int, b
 
 
 def profile_denoise(model_id: str, width: int, height: int, frames: int, batch: int = 2,
-                    dtype="bfloat16") -> dict:
-    """One denoiser forward (one step) for a video of this size.
+                    dtype="bfloat16", calls: int = 1) -> dict:
+    """One denoising step's denoiser forward(s) for a video of this size.
 
-    ``batch`` 2 is the CFG batch of one prompt (cond + uncond in one call);
-    Wan's pipeline makes two batch-1 calls instead.
+    ``batch`` 2 is the CFG batch of one prompt (cond + uncond in one call).
+    ``calls`` 2 is a step as WanPipeline runs guidance: two calls at ``batch``,
+    the first call's output (the conditional noise prediction) alive while the
+    second runs. The sample records ``calls`` when it is not 1.
     """
+    if calls not in (1, 2):
+        raise ValueError(f"calls must be 1 or 2, got {calls!r}")
     name = denoiser_name(model_id)
     t0 = time.perf_counter()
     with _fake_mode():
         module = build_component(model_id, name, dtype)
         inputs, call = _denoise_call(model_id, module, width, height, frames, batch, dtype)
+        if calls == 2:
+            one = call
+
+            def call():
+                first = one()  # kept, as noise_pred is, while the unconditional call runs
+                return first, one()
         peak, _ = _measure(module, inputs, call)
+    extra = {"calls": calls} if calls != 1 else {}
     return _sample("denoise", name, dtype, batch=batch, width=width, height=height, frames=frames,
                    latent_tokens=latent_tokens(model_id, width, height, frames),
-                   text_tokens=text_tokens(model_id), activation_peak_bytes=int(peak),
+                   text_tokens=text_tokens(model_id), **extra, activation_peak_bytes=int(peak),
                    seconds=round(time.perf_counter() - t0, 3))
 
 
@@ -399,19 +412,34 @@ def _decode_call(model_id: str, vae, width: int, height: int, frames: int, dtype
     raise ValueError(f"no decode recipe for family {fam}")
 
 
+def skips_unread_conv_cache(model_id: str) -> bool:
+    """Whether the model's VAE has convs whose cache is never read (``strategies.vae_conv_cache``)."""
+    from ..strategies.vae_conv_cache import unread_cache_convs
+
+    with _fake_mode():
+        return bool(unread_cache_convs(build_component(model_id, "vae", "float32")))
+
+
 def profile_decode(model_id: str, width: int, height: int, frames: int, dtype="bfloat16",
-                   tiling: bool = False) -> dict:
+                   tiling: bool = False, skip_unread_conv_cache: bool = False) -> dict:
     """The VAE decode the pipeline makes after denoising (its own
-    ``decode_latents`` where it has one), optionally with ``enable_tiling()``."""
+    ``decode_latents`` where it has one), optionally with ``enable_tiling()``
+    and with the runtime's ``vae_conv_cache`` strategy (recorded in the sample
+    when on; a ValueError where it does not apply)."""
+    from ..strategies.vae_conv_cache import VaeConvCacheConfig, apply_vae_conv_cache
+
     t0 = time.perf_counter()
     with _fake_mode():
         vae = build_component(model_id, "vae", dtype)
         if tiling:
             vae.enable_tiling()
+        if skip_unread_conv_cache and not apply_vae_conv_cache(vae, VaeConvCacheConfig(True)).applicable:
+            raise ValueError(f"skip_unread_conv_cache: {type(vae).__name__} ({model_id}) has no unread conv cache")
         inputs, call = _decode_call(model_id, vae, width, height, frames, dtype)
         peak, _ = _measure(vae, inputs, call)
+    extra = {"skip_unread_conv_cache": True} if skip_unread_conv_cache else {}
     return _sample("decode", "vae", dtype, width=width, height=height, frames=frames, tiling=bool(tiling),
-                   activation_peak_bytes=int(peak), seconds=round(time.perf_counter() - t0, 3))
+                   **extra, activation_peak_bytes=int(peak), seconds=round(time.perf_counter() - t0, 3))
 
 
 # ---------------------------------------------------------------------------
@@ -501,7 +529,30 @@ def _stats_one(model_id: str, name: str, dtype) -> dict:
         out["group_offload_block_modules"] = bm or []
         out["fp32_params"] = int(sum(p.numel() for p in params if p.dtype == torch.float32))
         out["class"] = type(m).__name__
+        if name in ("transformer", "unet") and hasattr(m, "enable_layerwise_casting"):
+            out["fp8_weight_bytes"] = fp8_storage_bytes(m)
     return out
+
+
+def fp8_storage_bytes(module: torch.nn.Module) -> int:
+    """Bytes of ``module``'s weights under the runtime's fp8 storage
+    (``strategies.fp8``: diffusers layerwise casting to float8): the layers it
+    would cast, with the model's own skip patterns, at 1 byte a parameter; the
+    rest as built. The casting hooks are recorded, not installed (a fake
+    module's parameters cannot be swapped to another dtype)."""
+    import diffusers.hooks.layerwise_casting as layerwise
+
+    cast: list[torch.nn.Module] = []
+    install = layerwise.apply_layerwise_casting_hook
+    layerwise.apply_layerwise_casting_hook = lambda mod, *args, **kwargs: cast.append(mod)
+    try:
+        module.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+    finally:
+        layerwise.apply_layerwise_casting_hook = install
+    in_fp8 = {id(p) for mod in cast for p in mod.parameters()}
+    params = list(module.parameters())
+    kept = [p for p in params if id(p) not in in_fp8] + list(module.buffers())
+    return sum(p.numel() for p in params if id(p) in in_fp8) + _tensor_bytes(kept)
 
 
 def component_stats(model_id: str, name: str, dtype="bfloat16") -> dict:

@@ -1,6 +1,6 @@
 """The one order in which a job's plan is applied to a pipeline.
 
-    step cache -> fp8 storage -> offload -> VAE
+    step cache -> fp8 storage -> offload -> VAE -> decode offload
 
 Why this order (each step wraps what the previous one left):
 * step cache first: every cache wraps the denoiser's ``forward`` (cache-dit,
@@ -13,11 +13,15 @@ Why this order (each step wraps what the previous one left):
   offload keeps pinned host copies of whatever dtype it finds).
 * offload last among the load-time strategies: it places the weights
   (``none`` moves the pipeline to the device).
-* VAE tiling/slicing per job: they only change how decode runs, so a warm
-  pipeline follows each job's plan.
+* VAE per job: tiling/slicing and skipping the CogVideoX VAE's unread conv
+  cache (``vae_conv_cache``) only change how decode runs, so a warm pipeline
+  follows each job's plan.
+* decode offload last, per job: it needs the weights placed (offload none)
+  and hooks ``vae.decode`` as the VAE step left it; it first brings back a
+  denoiser the previous job parked, so the job's denoise finds it on the device.
 
 ``apply_load_strategies`` runs the first three once per (warm) pipeline;
-``apply_job_strategies`` runs the VAE step before every job. The worker calls
+``apply_job_strategies`` runs the last two before every job. The worker calls
 only these two; the caches and strategies refuse to be applied out of order.
 """
 
@@ -29,11 +33,13 @@ from typing import Any
 from videojob.catalog import get_model
 
 from ..pipelines import denoiser, inner_pipeline
+from .decode_offload import DecodeOffload, DecodeOffloadConfig, apply_decode_offload
 from .fp8 import Fp8Config, Fp8Result, apply_fp8_storage
 from .offload import OffloadConfig, OffloadResult, apply_offload
 from .vae import VaeConfig, VaeResult, apply_vae
+from .vae_conv_cache import VaeConvCacheConfig, VaeConvCacheResult, apply_vae_conv_cache
 
-STRATEGY_ORDER = ("step_cache", "fp8", "offload", "vae")
+STRATEGY_ORDER = ("step_cache", "fp8", "offload", "vae", "decode_offload")
 LOAD_TIME = STRATEGY_ORDER[:3]
 JOB_TIME = STRATEGY_ORDER[3:]
 
@@ -94,6 +100,23 @@ def apply_load_strategies(pipe, plan: LoadStrategies) -> AppliedStrategies:
     return AppliedStrategies(cache, fp8, offload)
 
 
-def apply_job_strategies(pipe, vae_tiling: bool, vae_slicing: bool) -> VaeResult:
-    """The per-job VAE settings on a (warm) pipeline."""
-    return apply_vae(inner_pipeline(pipe), VaeConfig(tiling=vae_tiling, slicing=vae_slicing))
+@dataclass
+class JobStrategies:
+    vae: VaeResult
+    conv_cache: VaeConvCacheResult
+    decode_offload: DecodeOffload | None
+    order: tuple[str, ...] = JOB_TIME
+
+
+def apply_job_strategies(pipe, vae_tiling: bool, vae_slicing: bool, *, skip_unread_conv_cache: bool = True,
+                         decode_offload: bool = False, offload: str = "none", device: str = "cpu") -> JobStrategies:
+    """The per-job settings on a (warm) pipeline, in ``JOB_TIME`` order: the VAE's
+    tiling, slicing and unread conv cache, then the decode offload (which first
+    brings back a denoiser the previous job left on the host)."""
+    inner = inner_pipeline(pipe)
+    vae = apply_vae(inner, VaeConfig(tiling=vae_tiling, slicing=vae_slicing))
+    cache = apply_vae_conv_cache(inner.vae, VaeConvCacheConfig(skip_unread=skip_unread_conv_cache))
+    target = "cpu" if device == "cpu" else "cuda"
+    moved = apply_decode_offload(inner, denoiser(pipe), DecodeOffloadConfig(enabled=decode_offload), target,
+                                 offload=offload)
+    return JobStrategies(vae, cache, moved)
