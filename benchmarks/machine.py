@@ -66,6 +66,8 @@ def git_state() -> dict[str, Any]:
         changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=normal").splitlines()]
     except (OSError, subprocess.CalledProcessError):
         return {"commit": None, "dirty": None, "changedPaths": []}
+    # Results files written earlier in the same `make bench` are outputs, not source changes.
+    changed = [path for path in changed if not path.startswith("benchmarks/results/")]
     return {"commit": commit, "dirty": bool(changed), "changedPaths": sorted(changed)}
 
 
