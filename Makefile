@@ -59,20 +59,32 @@ demo: venv
 	OMP_NUM_THREADS=1 $(PY) -m videojob.cli run examples/tiny-cpu.yaml --out out
 
 # The API on the loopback apiserver: install the CRD, submit the tiny job, list it.
+# The cluster path: the loopback apiserver, the CRD, the operator (embedded Ray,
+# in the background, log in out/operator.log), the tiny job, its video.
 demo-cluster: venv cluster-up
 	$(PY) -m videojob.cli validate examples/*.yaml
 	$(KUBECTL) apply --server-side -f $(CRD_FILE)
 	$(KUBECTL) wait --for=condition=Established --timeout=60s crd/videojobs.videojob.io
+	mkdir -p out
+	KUBECONFIG=$(CURDIR)/.cluster/kubeconfig VIDEOJOB_OUTPUT_ROOT=$(CURDIR)/out VIDEOJOB_METRICS_PORT=0 \
+	  VIDEOJOB_DRIVER_PYTHON=$(CURDIR)/$(PY) OMP_NUM_THREADS=1 \
+	  $(PY) -m videojob.cli operator --standalone --namespace default > out/operator.log 2>&1 & echo $$! > out/operator.pid
+	$(KUBECTL) delete videojob tiny-cpu --ignore-not-found --timeout=60s
 	$(KUBECTL) apply -f examples/tiny-cpu.yaml
-	$(KUBECTL) get videojobs -o wide
+	$(KUBECTL) wait --for=jsonpath='{.status.phase}'=Succeeded videojob/tiny-cpu --timeout=300s; \
+	  rc=$$?; $(KUBECTL) get videojobs -o wide; kill $$(cat out/operator.pid); exit $$rc
 
 # Every file in benchmarks/results/ is written by these scripts, each headed by
 # the commit (and whether the tree was dirty), the machine and the command
 # (benchmarks/machine.py). gpu-*.json come from `make gpu-check` on a GPU machine.
-bench: venv
+# operator_load.py starts (or reuses) the loopback cluster itself, like the tests
+# (it exits 1 only when jobs did not all come through; a missed rate goal is in its JSON).
+bench: venv cluster-tools
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/planner_bench.py
+	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/scheduling_sim.py
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/runtime_bench.py
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/mp4_bench.py
+	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/operator_load.py
 
 # On a GPU machine: CogVideoX-5b full size (random weights), each offload mode,
 # measured vs planned -> benchmarks/results/gpu-*.json. gpu-check-dry-run runs the

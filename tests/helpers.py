@@ -92,7 +92,11 @@ class RayHead:
     --block``), with its own temp dir and explicit auth, and stops by signalling
     that group only: never ``ray stop``, which kills every Ray on the machine."""
 
-    def __init__(self, num_cpus: int = 1, token: str | None = None):
+    def __init__(self, num_cpus: int = 1, token: str | None = None, dashboard: bool = False,
+                 env: dict[str, str] | None = None):
+        """``dashboard``: also run the dashboard (Jobs and State HTTP APIs) on a free
+        loopback port, at ``dashboard_url``; ``env``: extra environment for the head,
+        which its workers, job supervisors and job drivers inherit."""
         import secrets
         import sys
         import tempfile
@@ -105,9 +109,21 @@ class RayHead:
         self.token = token or secrets.token_hex(16)
         self.env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token, "RAY_TMPDIR": str(root),
                     "RAY_USAGE_STATS_ENABLED": "0"}
+        self.extra_env = dict(env or {})
         self._argv = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
                       f"--port={self.port}", "--node-ip-address=127.0.0.1", f"--temp-dir={self.temp_dir}",
-                      f"--num-cpus={num_cpus}", "--include-dashboard=false", "--disable-usage-stats"]
+                      f"--num-cpus={num_cpus}", "--disable-usage-stats"]
+        self.dashboard_port: int | None = None
+        self.dashboard_url: str | None = None
+        if dashboard:
+            self.dashboard_port = free_port()
+            self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
+            # The agent's HTTP port defaults to a fixed 52365: another head on the machine would collide.
+            self._argv += ["--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                           f"--dashboard-port={self.dashboard_port}",
+                           f"--dashboard-agent-listen-port={free_port()}"]
+        else:
+            self._argv.append("--include-dashboard=false")
         self.process = None
 
     def __enter__(self) -> "RayHead":
@@ -116,8 +132,8 @@ class RayHead:
         import subprocess
 
         self.log = open(self.root / "ray-head.log", "w")
-        self.process = subprocess.Popen(self._argv, env={**os.environ, **self.env}, stdout=self.log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(self._argv, env={**os.environ, **self.extra_env, **self.env},
+                                        stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
         def gcs_up():
             if self.process.poll() is not None:
@@ -126,8 +142,33 @@ class RayHead:
             with socket.socket() as s:
                 return s.connect_ex(("127.0.0.1", self.port)) == 0
 
-        wait_for(f"the Ray head's GCS on port {self.port}", gcs_up, timeout=60)
+        try:
+            wait_for(f"the Ray head's GCS on port {self.port}", gcs_up, timeout=60)
+            if self.dashboard_url:
+                wait_for(f"the Ray head's Jobs API at {self.dashboard_url}", self._jobs_api_up, timeout=90,
+                         interval=0.5)
+        except BaseException:
+            self.__exit__(None, None, None)  # a head that did not come up leaves no process or temp dir
+            raise
         return self
+
+    def _jobs_api_up(self) -> bool:
+        """The dashboard answers /api/version and lists jobs (/api/jobs/) with our token."""
+        import json
+        import urllib.request
+
+        if self.process.poll() is not None:
+            raise RuntimeError(f"ray start exited {self.process.returncode}: "
+                               f"{(self.root / 'ray-head.log').read_text()[-2000:]}")
+        headers = {"Authorization": f"Bearer {self.token}"}
+        try:
+            for path in ("/api/version", "/api/jobs/"):
+                request = urllib.request.Request(self.dashboard_url + path, headers=headers)
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    json.loads(response.read() or b"null")
+        except (OSError, ValueError):
+            return False
+        return True
 
     def run_python(self, code: str, timeout: float = 60) -> str:
         """Run ``code`` in a fresh interpreter connected to this head; returns stdout."""
@@ -135,8 +176,8 @@ class RayHead:
         import subprocess
         import sys
 
-        res = subprocess.run([sys.executable, "-c", code], env={**os.environ, **self.env, "RAY_ADDRESS": self.address},
-                             capture_output=True, text=True, timeout=timeout)
+        env = {**os.environ, **self.extra_env, **self.env, "RAY_ADDRESS": self.address}
+        res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
         if res.returncode != 0:
             raise RuntimeError(f"python against the Ray head failed: {res.stderr[-2000:]}")
         return res.stdout
@@ -146,8 +187,11 @@ class RayHead:
         import signal
         import subprocess
 
-        pgid = os.getpgid(self.process.pid)
-        os.killpg(pgid, signal.SIGTERM)
+        pgid = self.process.pid  # its own session: the group id is its pid (also once it has exited)
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass  # nothing of it is left
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:

@@ -66,14 +66,21 @@ def test_bad_files_are_rejected_naming_the_field(crd, namespace, path):
 def test_get_shows_printer_columns(crd, namespace):
     crd.kubectl("create", "-n", namespace, "-f", str(REPO / "examples" / "tiny-cpu.yaml"))
     status = {"phase": "Running", "progress": {"step": 2, "steps": 4, "percent": 50},
-              "plan": {"gpus": 2, "ulysses": 2, "summary": "ulysses2, no offload"}}
+              "plan": {"gpus": 2, "ulysses": 2, "summary": "ulysses2, no offload", "gpuClass": "a100-80"}}
     crd.kubectl("patch", "vj", "tiny-cpu", "-n", namespace, "--subresource=status", "--type=merge",
                 "-p", json.dumps({"status": status}))
     lines = crd.kubectl("get", "vj", "-n", namespace).stdout.splitlines()
-    assert lines[0].split() == ["NAME", "PHASE", "PROGRESS", "GPUS", "MODEL", "AGE"]
-    assert lines[1].split()[:5] == ["tiny-cpu", "Running", "50", "2", "tiny-cogvideox"]
+    assert lines[0].split() == ["NAME", "PHASE", "PROGRESS", "GPUS", "CLASS", "QUEUE", "MODEL", "AGE"]
+    assert lines[1].split()[:6] == ["tiny-cpu", "Running", "50", "2", "a100-80", "tiny-cogvideox"]
     wide = crd.kubectl("get", "videojobs", "-n", namespace, "-o", "wide").stdout
     assert "PLAN" in wide.splitlines()[0] and "ulysses2, no offload" in wide
+    # A queued job shows its place and, with -o wide, what it waits for.
+    crd.kubectl("patch", "vj", "tiny-cpu", "-n", namespace, "--subresource=status", "--type=merge",
+                "-p", json.dumps({"status": {"phase": "Queued", "progress": None,
+                                             "queue": {"position": 3, "waitingFor": "8 GPU(s) in one a100-80 pod"}}}))
+    queued = crd.kubectl("get", "vj", "-n", namespace).stdout.splitlines()[1].split()
+    assert queued[:5] == ["tiny-cpu", "Queued", "2", "a100-80", "3"], queued
+    assert "8 GPU(s) in one a100-80 pod" in crd.kubectl("get", "vj", "-n", namespace, "-o", "wide").stdout
 
 
 def test_category_lists_videojobs(crd, namespace):
@@ -141,3 +148,12 @@ def test_kubectl_explain_shows_what_fields_mean(crd):
     assert "Kubernetes quantity" in quantity and "24Gi" in quantity
     conditions = crd.kubectl("explain", "videojob.status.conditions").stdout
     assert "latest condition of each type" in conditions
+
+
+def test_the_spec_is_immutable_after_creation(crd, namespace):
+    crd.kubectl("create", "-n", namespace, "-f", str(REPO / "examples" / "tiny-cpu.yaml"))
+    result = crd.kubectl("patch", "vj", "tiny-cpu", "-n", namespace, "--type=merge",
+                         "-p", json.dumps({"spec": {"prompt": "something else"}}), check=False)
+    assert result.returncode != 0 and "spec is immutable" in result.stderr
+    labels = crd.kubectl("label", "vj", "tiny-cpu", "-n", namespace, "team=video", check=False)
+    assert labels.returncode == 0, "metadata stays editable"

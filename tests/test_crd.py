@@ -45,14 +45,16 @@ def test_schema_is_structural():
 def test_crd_carries_every_cross_field_rule():
     spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     rules = spec["x-kubernetes-validations"]
-    assert len(rules) == len(SPEC_RULES)
-    assert all(r["fieldPath"].startswith(".") and r["messageExpression"] for r in rules)
+    assert len(rules) == len(SPEC_RULES) + 1  # + the immutability transition rule
+    cross = rules[:-1]
+    assert all(r["fieldPath"].startswith(".") and r["messageExpression"] for r in cross)
+    assert rules[-1]["rule"] == "self == oldSelf" and "immutable" in rules[-1]["message"]
 
 
 def test_printer_columns_and_status_subresource():
     version = yaml.safe_load(render_crd().split("\n", 1)[1])["spec"]["versions"][0]
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names[:4] == ["Phase", "Progress", "GPUs", "Model"] and "Age" in names
+    assert names[:6] == ["Phase", "Progress", "GPUs", "Class", "Queue", "Model"] and "Age" in names
     assert version["subresources"] == {"status": {}}
 
 

@@ -299,6 +299,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_operator(args: argparse.Namespace) -> int:
+    """kopf inside: watch VideoJobs and run them on Ray."""
+    import logging
+
+    from pydantic import ValidationError
+
+    from .settings import OperatorSettings
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = OperatorSettings()
+    except ValidationError as exc:
+        for error in exc.errors():
+            print(f"operator: VIDEOJOB_{'_'.join(map(str, error['loc'])).upper()}: {error['msg']}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    namespaces = list(args.namespace or []) or ([] if args.all_namespaces else settings.namespaces)
+    from .controller.handlers import run
+
+    run(settings, namespaces, standalone=args.standalone)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="videojob", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -345,6 +368,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a spec field, e.g. --set parallel.ulysses=2 --set cache.policy=off")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=_cmd_run)
+
+    operator = sub.add_parser("operator", help="run the VideoJob operator (kopf): plan, queue and run jobs on Ray",
+                              description="Settings come from VIDEOJOB_* environment variables "
+                                          "(README: the operator).")
+    operator.add_argument("--namespace", action="append", help="watch this namespace (repeatable)")
+    operator.add_argument("--all-namespaces", action="store_true", help="watch every namespace (the default "
+                                                                        "when neither flag nor VIDEOJOB_NAMESPACES)")
+    operator.add_argument("--standalone", action="store_true",
+                          help="no peering with other operator replicas (one replica; tests)")
+    operator.add_argument("--verbose", action="store_true")
+    operator.set_defaults(func=_cmd_operator)
 
     profile = sub.add_parser(
         "profile",

@@ -32,6 +32,9 @@ PRINTER_COLUMNS = [
         "description": "Percent of denoising steps done",
     },
     {"name": "GPUs", "type": "integer", "jsonPath": ".status.plan.gpus", "description": "GPUs in the chosen layout"},
+    {"name": "Class", "type": "string", "jsonPath": ".status.plan.gpuClass", "description": "GPU class"},
+    {"name": "Queue", "type": "integer", "jsonPath": ".status.queue.position",
+     "description": "Place in the queue of its GPU class (1: next)"},
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.name", "description": "Catalog model id"},
     {
         "name": "Plan",
@@ -40,6 +43,8 @@ PRINTER_COLUMNS = [
         "priority": 1,
         "description": "Chosen layout in one line",
     },
+    {"name": "Waiting-For", "type": "string", "jsonPath": ".status.queue.waitingFor", "priority": 1,
+     "description": "What a queued job waits for"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
@@ -86,7 +91,10 @@ def structural_schema(model: type) -> dict[str, Any]:
 
 def build_crd() -> dict[str, Any]:
     spec_schema = structural_schema(VideoJobSpec)
-    spec_schema["x-kubernetes-validations"] = [rule.to_crd() for rule in SPEC_RULES]
+    spec_schema["x-kubernetes-validations"] = [rule.to_crd() for rule in SPEC_RULES] + [
+        # Immutable after creation, as a Kubernetes Job's template is.
+        {"rule": "self == oldSelf", "message": "spec is immutable: delete the VideoJob and create it again"},
+    ]
     status_schema = structural_schema(VideoJobStatus)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

@@ -35,7 +35,7 @@ from .request import JobRequest
 from .worker import RankWorker
 
 NAMESPACE = "videojob"
-GROUP_PREFIX = "vj-"
+from videojob.driver_protocol import GROUP_PREFIX  # noqa: E402 - one definition
 log = logging.getLogger("videojob.runtime.group")
 
 
@@ -88,10 +88,10 @@ class RankActor:
 
 
 def group_name(owner_uid: str, tag: str = "") -> str:
-    """The group's name, derived from the job that owns it (its uid)."""
-    if not owner_uid or not all(c.isalnum() or c == "-" for c in owner_uid):
-        raise ValueError(f"group owner uid must be letters, digits and '-', got {owner_uid!r}")
-    return f"{GROUP_PREFIX}{owner_uid}" + (f"-{tag}" if tag else "")
+    """The group's name, derived from the job that owns it (its uid): the protocol's one rule."""
+    from videojob.driver_protocol import group_name as named
+
+    return named(owner_uid, tag)
 
 
 def owner_of(name: str, uid_length: int = 36) -> str | None:
@@ -108,7 +108,8 @@ class GroupSpec:
     ring: int = 1
     cfg: int = 1
     device: str = "cpu"
-    # Extra resources every bundle asks for (a GPU class's custom resource).
+    # Extra resources every bundle (and its rank's actor) asks for: a GPU class's custom
+    # resource; "CPU"/"GPU" here override the device's defaults.
     bundle_resources: dict[str, float] = field(default_factory=dict)
     # Test hooks: ranks whose actor fails to start, or fails the rendezvous.
     inject_start_fault: tuple[int, ...] = ()
@@ -147,8 +148,14 @@ class ActorGroup:
             bundle = {"GPU": 1, "CPU": 1}
             actor_resources = {"num_gpus": 1, "num_cpus": 1}
         bundle.update(spec.bundle_resources)
-        if spec.bundle_resources:
-            actor_resources["resources"] = dict(spec.bundle_resources)
+        # The actor asks for what its bundle holds; Ray takes CPU and GPU only as num_cpus/num_gpus.
+        if "CPU" in spec.bundle_resources:
+            actor_resources["num_cpus"] = spec.bundle_resources["CPU"]
+        if "GPU" in spec.bundle_resources:
+            actor_resources["num_gpus"] = spec.bundle_resources["GPU"]
+        custom = {k: v for k, v in spec.bundle_resources.items() if k not in ("CPU", "GPU")}
+        if custom:
+            actor_resources["resources"] = custom
         group = cls(spec, [], None)
         try:
             group.pg = placement_group([dict(bundle) for _ in range(world)], strategy="STRICT_PACK",

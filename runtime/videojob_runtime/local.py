@@ -125,37 +125,12 @@ def output_name(job: VideoJob) -> str:
 
 def job_request(job: VideoJob, layout_json: dict[str, Any], out_dir: Path | None) -> JobRequest:
     """The request every rank gets; an unset seed is drawn here, once for all ranks."""
-    spec = job.spec.resolved()
-    model = get_model(spec.model.name)
-    seed = spec.seed if spec.seed is not None else secrets.randbelow(SEED_LIMIT)
-    return JobRequest(
-        job_id=output_name(job) if job.name else uuid.uuid4().hex[:8],
-        model_id=model.id,
-        task=spec.effective_task,
-        prompt=spec.prompt,
-        negative_prompt=spec.negative_prompt,
-        image=spec.image,
-        face_image=spec.face_image,
-        width=spec.video.width,
-        height=spec.video.height,
-        frames=spec.video.frames,
-        fps=spec.video.fps,
-        steps=spec.sampling.steps,
-        guidance=spec.sampling.guidance_scale,
-        seed=seed,
-        dtype=spec.model.dtype,
-        source=spec.model.source,
-        offload=layout_json["offload"],
-        vae_tiling=layout_json["vaeTiling"],
-        vae_slicing=layout_json["vaeSlicing"],
-        fp8_weights=layout_json["fp8Weights"],
-        decode_offload=layout_json["decodeOffload"],
-        cache=layout_json["cache"],
-        cache_threshold=spec.cache.threshold,
-        output_dir=str(out_dir) if out_dir else None,
-        output_name=output_name(job),
-        result_extra={"plan": layout_json, "spec": job.spec.to_wire(), "seedDrawn": spec.seed is None},
-    )
+    from videojob.jobrequest import job_fields, seed_for
+
+    name = output_name(job)
+    fields = job_fields(job, layout_json, job_id=name if job.name else uuid.uuid4().hex[:8], output_name=name,
+                        seed=seed_for(job, drawn=secrets.randbelow(SEED_LIMIT)))
+    return JobRequest(**fields, output_dir=str(out_dir) if out_dir else None)
 
 
 def _error(reason: str, stage: str, message: str, **extra: Any) -> dict[str, Any]:

@@ -175,6 +175,9 @@ def _new_partial(final: Path) -> Path:
 
     fd, name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".partial")
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(name, 0o666 & ~umask)  # mkstemp makes it 0600; the final file gets the usual mode
     return Path(name)
 
 

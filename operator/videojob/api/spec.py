@@ -138,6 +138,10 @@ class ResourcesSpec(WireModel):
         default=None, description="GPU memory the planner assumes per GPU, a Kubernetes quantity such as 24Gi "
                                   "(default: the inventory's)."
     )
+    gpu_class: Optional[str] = Field(
+        default=None, alias="gpuClass", min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Pin the job to one GPU class of the operator's inventory (a DNS-1123 label such as a100-80; "
+                    "default: the planner picks the class).")
 
 
 class ParallelSpec(WireModel):

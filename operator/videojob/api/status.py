@@ -52,6 +52,9 @@ class Reason(str, Enum):
     FAILED = "Failed"
     CANCELLED = "Cancelled"
     OPERATOR_RESTARTED = "OperatorRestarted"
+    SUBMITTED = "Submitted"
+    RAY_UNAVAILABLE = "RayUnavailable"
+    RAY_AUTH_FAILED = "RayAuthFailed"
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -80,10 +83,13 @@ class PlanStatus(WireModel):
     vae_tiling: bool = Field(default=False, description="The VAE decodes in tiles.")
     vae_slicing: bool = Field(default=False, description="The VAE decodes one video of a batch at a time.")
     cache: str = Field(default="off", description="The step cache the job runs with (auto resolved).")
+    fp8_weights: bool = Field(default=False, description="The denoiser's weights are stored in float8.")
+    decode_offload: bool = Field(default=False, description="The denoiser goes to the host while the VAE decodes.")
     estimated_peak_gi_b_per_gpu: Optional[float] = Field(default=None, alias="estimatedPeakGiBPerGPU",
                                                          description="Planned peak memory per GPU, GiB.")
     estimated_seconds: Optional[float] = Field(default=None, description="Planned wall time, seconds.")
     summary: str = Field(default="", description="One line, e.g. 'u2 x cfg2, no offload'.")
+    gpu_class: Optional[str] = Field(default=None, description="The GPU class (kind of pod) the job runs on.")
 
 
 class ProgressStatus(WireModel):
@@ -104,6 +110,8 @@ class MeasuredStatus(WireModel):
     denoise_seconds: Optional[float] = Field(default=None, description="Seconds denoising.")
     decode_seconds: Optional[float] = Field(default=None, description="Seconds decoding with the VAE.")
     write_seconds: Optional[float] = Field(default=None, description="Seconds writing the mp4, poster and result.")
+    cache_skip_ratio: Optional[float] = Field(default=None, description="Share of denoiser work the step cache "
+                                                                        "reused (0-1).")
 
 
 class Attempt(WireModel):
@@ -113,10 +121,14 @@ class Attempt(WireModel):
     plan: Optional[PlanStatus] = Field(default=None, description="The layout this attempt ran with.")
     started_at: Optional[datetime] = Field(default=None, description="When it started (RFC 3339).")
     finished_at: Optional[datetime] = Field(default=None, description="When it ended (RFC 3339).")
-    result: Literal["Running", "Succeeded", "Failed", "OutOfMemory", "Cancelled", "Interrupted"] = Field(
+    result: Literal["Running", "Succeeded", "Failed", "OutOfMemory", "Cancelled", "Interrupted", "Lost"] = Field(
         default="Running", description="How it ended.")
     reason: Optional[str] = Field(default=None, description="Why it ended so, in one word.")
     message: str = Field(default="", description="What happened: the rank, the stage, the error.")
+    submission_id: Optional[str] = Field(
+        default=None, description="The Ray job (driver) of this attempt; written before it is submitted, so a "
+                                  "restarted operator adopts it instead of submitting another.")
+    group: Optional[str] = Field(default=None, description="The actor group this attempt runs on.")
 
 
 class ActorGroupStatus(WireModel):
@@ -124,6 +136,17 @@ class ActorGroupStatus(WireModel):
 
     name: str = Field(description="Its name in Ray (namespace videojob).")
     reused: bool = Field(default=False, description="A warm group was reused (no weight load).")
+    kept: bool = Field(default=False, description="The group stays loaded after the job (a warm group that "
+                                                  "a later job with the same model, layout and class reuses).")
+    pool_key: Optional[str] = Field(default=None, description="What a job must match to reuse this group: a "
+                                                              "digest of model, source, layout and GPU class.")
+
+
+class QueueStatus(WireModel):
+    """Where a waiting job stands."""
+
+    position: int = Field(ge=0, description="1 for the next job to start; 0 once admitted.")
+    waiting_for: str = Field(default="", description="What it waits for, e.g. '2 free GPUs'.")
 
 
 class OutputStatus(WireModel):
@@ -131,6 +154,8 @@ class OutputStatus(WireModel):
 
     uri: str = Field(description="The directory holding NAME.mp4, NAME.png and NAME.json.")
     bytes: Optional[int] = Field(default=None, ge=0, description="Size of the mp4, bytes.")
+    frames_digest: Optional[str] = Field(default=None, description="SHA-256 of the 8-bit frames: equal digests, "
+                                                                   "equal videos.")
 
 
 class VideoJobStatus(WireModel):
@@ -144,6 +169,7 @@ class VideoJobStatus(WireModel):
     observed_generation: Optional[int] = Field(default=None, description="The spec generation the status is for.")
     plan: Optional[PlanStatus] = Field(default=None, description="The chosen layout and its estimates.")
     progress: Optional[ProgressStatus] = Field(default=None, description="Denoising progress.")
+    queue: Optional[QueueStatus] = Field(default=None, description="Queue position while waiting for GPUs.")
     attempts: list[Attempt] = Field(default_factory=list, description="Every try at running the job, oldest first.")
     measured: Optional[MeasuredStatus] = Field(default=None, description="Measured memory and stage times.")
     actor_group: Optional[ActorGroupStatus] = Field(default=None, description="The actor group running the job.")

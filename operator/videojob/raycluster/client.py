@@ -78,6 +78,8 @@ class RayClient(Protocol):
 
     def logs(self, submission_id: str) -> str: ...
 
+    def jobs(self) -> list[RayJob]: ...
+
     def stop(self, submission_id: str) -> bool: ...
 
     def delete(self, submission_id: str) -> bool: ...
@@ -181,6 +183,10 @@ class HttpRayClient:
         if status >= 400:
             raise RayUnavailable(f"logs of {submission_id}: Ray answered {status}: {text[-300:]}")
         return json.loads(text).get("logs", "")
+
+    def jobs(self) -> list[RayJob]:
+        """Every job (driver) Ray knows, with its metadata."""
+        return [RayJob.from_json(item) for item in (self._json("GET", "/api/jobs/") or [])]
 
     def stop(self, submission_id: str) -> bool:
         status, _ = self._request("POST", f"/api/jobs/{urllib.parse.quote(submission_id)}/stop", ok_missing=True)

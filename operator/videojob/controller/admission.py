@@ -1,0 +1,167 @@
+"""The operator's scheduler: the pure ``Scheduler`` behind a lock and a clock.
+
+Each job's daemon asks ``request`` until it is admitted; whichever daemon
+runs a scheduling pass, the admissions it makes for other jobs wait here
+until those jobs' daemons collect them. Warm groups: a job that succeeded
+leaves its group loaded (``finish(keep_group=...)``); ``expired`` hands back
+the idle groups past the TTL, for the operator to tear down.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from ..inventory import ClusterInventory
+from ..scheduling import Admission, Ask, Scheduler
+
+log = logging.getLogger("videojob.admission")
+
+
+def pool_key(model: str, source: str | None, plan: dict[str, Any]) -> str:
+    """What a warm group must match to be reused: model, its source, layout, class."""
+    keys = ("gpuClass", "gpus", "ulysses", "ring", "cfg", "offload", "vaeTiling", "vaeSlicing", "cache",
+            "fp8Weights", "decodeOffload")
+    data = {"model": model, "source": source or "", **{k: plan.get(k) for k in keys}}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class Admissions:
+    def __init__(self, inventory: ClusterInventory, idle_ttl_s: float, clock: Callable[[], float] = time.monotonic):
+        self.inventory = inventory
+        self.scheduler = Scheduler({c.name: (c.gpus_per_pod, c.max_pods) for c in inventory.classes}, idle_ttl_s)
+        self.clock = clock
+        self._granted: dict[str, Admission] = {}
+        self._models: dict[str, str] = {}  # idle group -> model, for the pool metrics
+        self._dirty, self._last_pass = True, float("-inf")
+        self._places: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    # -- a job's view ----------------------------------------------------------
+
+    def request(self, ask: Ask) -> tuple[Admission | None, int, str]:
+        """(admission, queue position, what it waits for); enqueues on first call."""
+        with self._lock:
+            granted = self._granted.pop(ask.key, None)
+            if granted is not None:
+                return granted, 0, ""
+            if ask.key in self.scheduler.running:
+                run = self.scheduler.running[ask.key]
+                return Admission(ask.key, run.klass, run.pod, run.gpus, run.group), 0, ""
+            if ask.key not in self.scheduler.waiting:
+                self.scheduler.enqueue(ask)
+                self._dirty = True
+            now = self.clock()
+            # A pass costs O(queue): run one when the books changed, else at most once a
+            # second (reservations move with time), not once per waiting job's poll.
+            if self._dirty or now - self._last_pass >= 1.0:
+                self._pass(now)
+            granted = self._granted.pop(ask.key, None)
+            if granted is not None:
+                return granted, 0, ""
+            position, why = self.scheduler.position(ask.key, now, self._places.get(ask.key))
+            return None, position, why
+
+    def _pass(self, now: float) -> None:
+        self._dirty, self._last_pass = False, now
+        for admission in self.scheduler.schedule(now):
+            self._granted[admission.key] = admission
+            self._log("admitted", admission.key, admission.klass,
+                      f"pod={admission.pod} gpus={admission.gpus} reuse={admission.reuse or '-'} "
+                      f"evict={','.join(admission.evict) or '-'} backfilled={admission.backfilled}")
+        self._places = self.scheduler.places()
+
+    def running(self, key: str, klass: str, gpus: int, est_seconds: float, group: str | None,
+                pool: str | None) -> None:
+        """A job found running (operator start, or an adopted driver)."""
+        with self._lock:
+            self._dirty = True
+            self.scheduler.reserve(key, klass, gpus, self.clock(), est_seconds, group, pool)
+
+    def adopt_idle(self, group: str, klass: str, gpus: int, pool: str, model: str) -> bool:
+        with self._lock:
+            self._dirty = True
+            ok = self.scheduler.adopt_idle(group, klass, gpus, pool, self.clock())
+            if ok:
+                self._models[group] = model
+            return ok
+
+    def finish(self, key: str, keep_group: str | None = None, model: str = "") -> None:
+        with self._lock:
+            run = self.scheduler.running.get(key)
+            self._dirty = True
+            self.scheduler.finish(key, self.clock(), keep_group)
+            if keep_group and keep_group in self.scheduler.idle:
+                self._models[keep_group] = model
+            if run is not None:
+                self._log("released", key, run.klass, f"kept={keep_group or '-'}")
+
+    def cancel(self, key: str) -> None:
+        with self._lock:
+            self._granted.pop(key, None)
+            run = self.scheduler.running.get(key)
+            self._dirty = True
+            self.scheduler.cancel(key)
+            if run is not None:
+                self._log("released", key, run.klass, "kept=-")
+
+    def _log(self, what: str, key: str, klass: str, detail: str) -> None:
+        """One line per change of the books (the tests read the allocation timeline from these)."""
+        s = self.scheduler
+        log.info("admission: %s %s class=%s %s allocated=%d/%d idle=%d", what, key, klass, detail,
+                 s.allocated(klass), s.capacity(klass), s.idle_gpus(klass))
+
+    def forget_group(self, group: str) -> None:
+        """An idle group that is gone (torn down, or found missing)."""
+        with self._lock:
+            idle = self.scheduler.idle.get(group)
+            self._dirty = True
+            self.scheduler.evicted(group)
+            self._models.pop(group, None)
+            if idle is not None:
+                self._log("evicted", group, idle.klass, "")
+
+    def expired(self) -> list[str]:
+        with self._lock:
+            idle = dict(self.scheduler.idle)
+            self._dirty = True
+            old = self.scheduler.expire(self.clock())
+            for group in old:
+                self._models.pop(group, None)
+                self._log("expired", group, idle[group].klass, "")
+            return old
+
+    # -- views -----------------------------------------------------------------
+
+    def groups_in_use(self) -> set[str]:
+        with self._lock:
+            return ({r.group for r in self.scheduler.running.values() if r.group}
+                    | set(self.scheduler.idle) | {a.reuse for a in self._granted.values() if a.reuse})
+
+    def idle_groups(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self.scheduler.idle)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            s = self.scheduler
+            per_class = {}
+            for c in self.inventory.classes:
+                cap = s.capacity(c.name)
+                used = s.allocated(c.name)
+                per_class[c.name] = {"capacity": cap, "allocated": used, "free": cap - used,
+                                     "idle": s.idle_gpus(c.name),
+                                     "queued": sum(1 for a in s.waiting.values() if a.klass == c.name)}
+            models: dict[str, int] = {}
+            for group in s.idle:
+                model = self._models.get(group, "unknown")
+                models[model] = models.get(model, 0) + 1
+            return {"classes": per_class, "idleGroupsByModel": models, "queued": len(s.waiting),
+                    "running": len(s.running)}
+
+
+__all__ = ["Admissions", "pool_key"]

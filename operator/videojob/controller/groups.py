@@ -1,0 +1,84 @@
+"""Actor groups as the operator sees them over Ray's State API: which exist,
+and removing one by submitting a teardown driver (the operator decides,
+drivers carry it out; the operator never imports ray).
+
+Names: a group is ``vj-<uid of the job that started it>-a<attempt>``; its
+ranks are ``<group>-rank<i>`` and its placement group ``<group>-pg``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Iterable
+
+from ..driver_protocol import GROUP_PREFIX, teardown_entrypoint
+from ..raycluster.client import RayClient
+
+log = logging.getLogger("videojob.controller")
+UID_LENGTH = 36
+
+
+def group_of(ray_name: str) -> str | None:
+    """The group an actor or placement group named ``ray_name`` belongs to."""
+    if not ray_name or not ray_name.startswith(GROUP_PREFIX):
+        return None
+    if "-rank" in ray_name:
+        return ray_name.rsplit("-rank", 1)[0]
+    if ray_name.endswith("-pg"):
+        return ray_name[:-3]
+    return None
+
+
+def owner_uid(group: str) -> str | None:
+    """The uid of the job that started ``group`` (None for a name of another shape)."""
+    body = group[len(GROUP_PREFIX):]
+    uid = body[:UID_LENGTH]
+    return uid if len(uid) == UID_LENGTH and uid.count("-") == 4 else None
+
+
+def groups_in_ray(ray: RayClient) -> dict[str, int]:
+    """Every group with a live rank or placement group: name -> ranks alive."""
+    found: dict[str, int] = {}
+    for actor in ray.actors(GROUP_PREFIX):
+        group = group_of(actor.get("name") or "")
+        if group:
+            found[group] = found.get(group, 0) + 1
+    for pg in ray.placement_groups(GROUP_PREFIX):
+        group = group_of(pg.get("name") or "")
+        if group:
+            found.setdefault(group, 0)
+    return found
+
+
+def present(ray: RayClient, group: str) -> bool:
+    return bool(ray.actors(f"{group}-rank") or ray.placement_groups(f"{group}-pg"))
+
+
+def submit_teardown(ray: RayClient, group: str, world: int, python: str, why: str) -> str:
+    """Submit a driver that removes ``group``; returns its submission id."""
+    sid = f"vj-teardown-{uuid.uuid4().hex[:12]}"
+    ray.submit(sid, teardown_entrypoint(group, world, python), entrypoint_num_cpus=0,
+               metadata={"videojob.io/teardown": group, "videojob.io/why": why[:100]})
+    log.info("group %s: teardown driver %s submitted (%s)", group, sid, why)
+    return sid
+
+
+def teardown_groups(ray: RayClient, groups: Iterable[str], python: str, why: str, wait_s: float = 0.0,
+                    world: int = 8) -> list[str]:
+    """Remove ``groups``; with ``wait_s`` wait up to that long for them to be gone.
+    Returns the groups still present at the end (empty when all went)."""
+    groups = [g for g in groups if g]
+    for group in groups:
+        submit_teardown(ray, group, world, python, why)
+    deadline = time.monotonic() + wait_s
+    left = list(groups)
+    while left and time.monotonic() < deadline:
+        left = [g for g in left if present(ray, g)]
+        if left:
+            time.sleep(0.3)
+    return [g for g in left if wait_s <= 0 or present(ray, g)] if wait_s > 0 else left
+
+
+__all__ = ["group_of", "groups_in_ray", "owner_uid", "present", "submit_teardown", "teardown_groups"]

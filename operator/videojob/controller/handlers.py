@@ -1,0 +1,80 @@
+"""kopf handlers: they only translate kopf's calls into the controller's.
+
+One daemon per VideoJob runs its lifecycle (plan, queue, submit, watch,
+finish) and ends when the job does; the deletion handler is the finalizer
+(stop the driver, remove its group, release the ranks).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from ..api.common import API_GROUP, API_VERSION, PLURAL
+from ..settings import OperatorSettings
+from .operator import Controller, object_ref
+
+FINALIZER = f"{API_GROUP}/finalizer"
+
+
+def _post_event(namespace: str, name: str, uid: str, kind: str, reason: str, message: str) -> None:
+    kopf.event(object_ref(namespace, name, uid), type=kind, reason=reason, message=message[:1024])
+
+
+def build_registry(settings: OperatorSettings, controller: Controller | None = None) -> tuple[kopf.OperatorRegistry,
+                                                                                              Controller]:
+    """The handlers, registered on their own registry (nothing global)."""
+    registry = kopf.OperatorRegistry()
+    controller = controller or Controller(settings, event=_post_event)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any):
+        # Our own registry has none of kopf's default login handlers: the
+        # kubernetes client's (in-cluster ServiceAccount, else $KUBECONFIG).
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    def startup(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> None:
+        settings.persistence.finalizer = FINALIZER
+        # Handler progress in annotations of our own prefix; never in status (its schema is ours).
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=API_GROUP)
+        settings.posting.level = logging.WARNING  # our own events say what happens; kopf's only when wrong
+        # The resources are known: no discovery watches (they would need RBAC on CRDs and namespaces).
+        settings.scanning.disabled = True
+        # A deleted job's daemon notices its stop flag at once (it waits on it);
+        # without an instant-exit wait kopf would re-check only after the
+        # cancellation timeout and hold the finalizer that long.
+        settings.background.instant_exit_timeout = 3.0
+        # Each job's daemon is a thread for the job's whole life (queued ones too),
+        # and deletion handlers share the pool: it must not run out before the jobs do.
+        settings.execution.max_workers = controller.settings.max_workers
+        settings.watching.server_timeout = controller.settings.watch_timeout_s
+        settings.watching.client_timeout = controller.settings.watch_timeout_s + 10
+        controller.start()
+
+    @kopf.on.cleanup(registry=registry)
+    def cleanup(**_: Any) -> None:
+        controller.stop()
+
+    @kopf.daemon(API_GROUP, API_VERSION, PLURAL, registry=registry, cancellation_timeout=5, backoff=5)
+    def lifecycle(stopped: kopf.DaemonStopped, namespace: str, name: str, uid: str, **_: Any) -> None:
+        controller.lifecycle(namespace, name, uid).run(stopped)
+
+    @kopf.on.delete(API_GROUP, API_VERSION, PLURAL, registry=registry, backoff=2)
+    def finalize(namespace: str, name: str, uid: str, status: dict, **_: Any) -> None:
+        controller.delete(namespace, name, uid, dict(status or {}))
+
+    return registry, controller
+
+
+def run(settings: OperatorSettings, namespaces: list[str], standalone: bool = True) -> None:
+    settings = settings.model_copy(update={"namespaces": list(namespaces)})  # what the rebuild and the sweeper list
+    registry, controller = build_registry(settings)
+    try:
+        kopf.run(registry=registry, standalone=standalone, namespaces=namespaces, clusterwide=not namespaces,
+                 memo=kopf.Memo(controller=controller))
+    finally:
+        controller.stop()

@@ -1,0 +1,112 @@
+"""The operator's own calls to the Kubernetes API (kopf does the watching).
+
+Status is written with JSON merge patches on the status subresource. A patch
+can carry the resourceVersion it was computed from (``expect``): the API
+server then refuses it with 409 if the object changed meanwhile, and the
+caller re-reads and recomputes. Used where a lost update would duplicate
+work (the submission id written before a driver is submitted).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any, Callable, TypeVar
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.rest import ApiException
+
+from ..api.common import API_GROUP, API_VERSION, PLURAL
+
+log = logging.getLogger("videojob.controller.kube")
+
+
+class Conflict(RuntimeError):
+    """The object changed since it was read (HTTP 409)."""
+
+
+class Gone(RuntimeError):
+    """The object no longer exists (HTTP 404)."""
+
+
+T = TypeVar("T")
+# Answers that mean "later": throttled, or the server busy or restarting.
+RETRY_STATUSES = {429, 500, 502, 503, 504}
+
+
+def api_client(pool_size: int = 64) -> k8s.ApiClient:
+    """In a pod: its ServiceAccount; elsewhere: $KUBECONFIG (what kopf uses too).
+    ``pool_size`` connections are kept: every job's thread shares this client
+    (the default, 5 x cores, makes busy threads open and drop connections)."""
+    configuration = k8s.Configuration()
+    try:
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    except k8s_config.ConfigException:
+        k8s_config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = pool_size
+    return k8s.ApiClient(configuration)
+
+
+def with_retries(call: Callable[[], T], what: str, attempts: int = 6, first_delay_s: float = 0.5) -> T:
+    """``call()``, again after a backoff (or the server's Retry-After) while the API
+    server answers 429 or 5xx: a busy server slows the operator down, never fails a job."""
+    delay = first_delay_s
+    for attempt in range(attempts):
+        try:
+            return call()
+        except ApiException as exc:
+            if exc.status not in RETRY_STATUSES or attempt == attempts - 1:
+                raise
+            retry_after = (exc.headers or {}).get("Retry-After") if hasattr(exc, "headers") else None
+            try:
+                wait = float(retry_after) if retry_after else delay
+            except ValueError:
+                wait = delay
+            log.info("%s: API server answered %s; again in %.1f s", what, exc.status, wait)
+            time.sleep(min(30.0, wait) * (1 + 0.2 * random.random()))
+            delay = min(30.0, delay * 2)
+    raise AssertionError("unreachable")
+
+
+class VideoJobs:
+    """get / list / patch-status of VideoJobs."""
+
+    def __init__(self, api: k8s.ApiClient | None = None):
+        self.api = k8s.CustomObjectsApi(api or api_client())
+
+    def get(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            return with_retries(lambda: self.api.get_namespaced_custom_object(
+                API_GROUP, API_VERSION, namespace, PLURAL, name), f"get {namespace}/{name}")
+        except ApiException as exc:
+            if exc.status == 404:
+                raise Gone(f"{namespace}/{name}") from None
+            raise
+
+    def list(self, namespaces: list[str]) -> list[dict[str, Any]]:
+        if not namespaces:
+            return with_retries(lambda: self.api.list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL),
+                                "list").get("items", [])
+        items: list[dict[str, Any]] = []
+        for namespace in namespaces:
+            items += with_retries(lambda ns=namespace: self.api.list_namespaced_custom_object(
+                API_GROUP, API_VERSION, ns, PLURAL), f"list {namespace}").get("items", [])
+        return items
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any],
+                     expect: str | None = None) -> dict[str, Any]:
+        """Merge-patch ``status``; with ``expect`` (a resourceVersion) only if unchanged since."""
+        body: dict[str, Any] = {"status": status}
+        if expect is not None:
+            body["metadata"] = {"resourceVersion": expect}
+        try:
+            return with_retries(lambda: self.api.patch_namespaced_custom_object_status(
+                API_GROUP, API_VERSION, namespace, PLURAL, name, body), f"patch {namespace}/{name} status")
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(f"{namespace}/{name} changed since resourceVersion {expect}") from None
+            if exc.status == 404:
+                raise Gone(f"{namespace}/{name}") from None
+            raise

@@ -1,0 +1,182 @@
+"""The operator's state shared by every job: Ray, the scheduler, metrics, settings.
+
+``Controller.start`` connects to Ray (starting an embedded head if asked),
+rebuilds the scheduler's books from the VideoJob statuses and Ray's State API
+(so a restarted operator never admits past its capacity and keeps its warm
+groups), serves /metrics and /healthz, and runs the sweeper: idle warm groups
+past their TTL, and groups whose owner no longer exists, are torn down.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..api.common import API_GROUP, API_VERSION, KIND
+from ..inventory import load_inventory
+from ..metrics import Metrics, serve
+from ..raycluster.client import HttpRayClient, RayClient
+from ..settings import OperatorSettings
+from .kube import VideoJobs
+from .admission import Admissions, pool_key
+from .groups import groups_in_ray, owner_uid, teardown_groups
+from .lifecycle import TERMINAL, Context, JobLifecycle
+
+log = logging.getLogger("videojob.controller")
+
+
+class Controller:
+    def __init__(self, settings: OperatorSettings, ray: RayClient | None = None,
+                 jobs: VideoJobs | None = None, event: Callable | None = None):
+        self.settings = settings
+        self.inventory = load_inventory(settings.inventory_file)
+        self.admissions = Admissions(self.inventory, settings.warm_group_ttl_s)
+        self.metrics = Metrics()
+        self._ray = ray
+        self._jobs = jobs
+        self._event = event
+        self.embedded = None
+        self.metrics_server = None
+        self.metrics_port: int | None = None
+        self.ctx: Context | None = None
+        self._lifecycles: dict[str, JobLifecycle] = {}
+        self._lock = threading.Lock()
+        self.alive = threading.Event()
+
+    def _ray_client(self) -> RayClient:
+        settings = self.settings
+        if settings.ray_mode == "embedded":
+            from ..raycluster.embedded import start_embedded_ray
+
+            self.embedded = start_embedded_ray(num_cpus=settings.embedded_ray_cpus)
+            return HttpRayClient(self.embedded.dashboard_url, token=self.embedded.token,
+                                 timeout_s=settings.ray_http_timeout_s)
+        if not settings.ray_dashboard_url:
+            raise ValueError("VIDEOJOB_RAY_MODE=address needs VIDEOJOB_RAY_DASHBOARD_URL (e.g. http://head:8265)")
+        token = Path(settings.ray_token_file).read_text().strip() if settings.ray_token_file else None
+        return HttpRayClient(settings.ray_dashboard_url, token=token, timeout_s=settings.ray_http_timeout_s)
+
+    def start(self) -> None:
+        ray = self._ray or self._ray_client()
+        jobs = self._jobs or VideoJobs()
+        self.ctx = Context(jobs=jobs, ray=ray, admissions=self.admissions, inventory=self.inventory,
+                           settings=self.settings, metrics=self.metrics, event=self._event or _no_event)
+        self.rebuild()
+        self.metrics_server, self.metrics_port = serve(self.metrics, self.settings.metrics_port, self.alive.is_set)
+        self.alive.set()
+        threading.Thread(target=self._sweeper, name="videojob-sweeper", daemon=True).start()
+        classes = ", ".join(c.describe() for c in self.inventory.classes)
+        log.info("operator ready: %s %s(s) in %s (%s), Ray at %s, metrics on :%s", self.inventory.capacity,
+                 self.inventory.unit, classes, self.inventory.device, getattr(ray, "address", "?"), self.metrics_port)
+
+    def rebuild(self) -> None:
+        """The scheduler's books from what exists: running attempts from the
+        VideoJob statuses, warm groups from statuses that kept one and that Ray
+        still has (the State API)."""
+        default_class = self.inventory.classes[0].name
+        try:
+            in_ray = groups_in_ray(self.ctx.ray)
+        except Exception as exc:  # noqa: BLE001 - Ray down at start: jobs re-adopt their drivers later
+            log.warning("Ray's State API did not answer at start (%s); no warm groups adopted", exc)
+            in_ray = {}
+        for obj in self.ctx.jobs.list(self.settings.namespaces):
+            status = obj.get("status") or {}
+            meta, spec = obj["metadata"], obj.get("spec") or {}
+            key = f"{meta['namespace']}/{meta['name']}"
+            self.metrics.set_phase(key, status.get("phase", "Pending"))
+            plan = status.get("plan") or {}
+            attempts = status.get("attempts") or []
+            model = (spec.get("model") or {}).get("name", "")
+            pool = pool_key(model, (spec.get("model") or {}).get("source"), plan) if plan else None
+            klass = plan.get("gpuClass") or default_class
+            if klass not in {c.name for c in self.inventory.classes}:
+                klass = default_class  # the inventory changed under a running job: count it somewhere
+            if status.get("phase") not in TERMINAL and attempts and attempts[-1].get("result") == "Running":
+                self.admissions.running(key, klass, int(plan.get("gpus") or 1),
+                                        float(plan.get("estimatedSeconds") or 60.0), attempts[-1].get("group"), pool)
+                continue
+            group = status.get("actorGroup") or {}
+            if (status.get("phase") == "Succeeded" and group.get("kept") and group.get("name") in in_ray
+                    and group.get("poolKey")):
+                if self.admissions.adopt_idle(group["name"], klass, int(plan.get("gpus") or 1), group["poolKey"],
+                                              model):
+                    log.info("warm group %s of %s adopted as idle", group["name"], key)
+        self.metrics.set_capacity(self.admissions.snapshot())
+
+    def sweep(self) -> dict[str, list[str]]:
+        """One sweep: idle groups past the TTL, and groups nobody owns, are torn down."""
+        ray, python = self.ctx.ray, self.settings.driver_python
+        expired = self.admissions.expired()
+        if expired:
+            teardown_groups(ray, expired, python, "idle past the TTL")
+            self.metrics.evictions.labels(why="ttl").inc(len(expired))
+        live: dict[str, str] = {}
+        for obj in self.ctx.jobs.list(self.settings.namespaces):
+            live[obj["metadata"]["uid"]] = (obj.get("status") or {}).get("phase", "Pending")
+        in_use = self.admissions.groups_in_use()
+        # Whose is a group: the uid in its name; which namespace: its drivers' metadata.
+        # A namespace-scoped operator leaves alone the groups of namespaces it does not watch.
+        namespace_of = {j.metadata.get("videojob.io/uid"): j.metadata.get("videojob.io/namespace")
+                        for j in ray.jobs() if j.metadata.get("videojob.io/uid")}
+        scoped = set(self.settings.namespaces)
+        ownerless = []
+        for group in groups_in_ray(ray):
+            if group in in_use or group in expired:
+                continue
+            uid = owner_uid(group)
+            if scoped and namespace_of.get(uid) not in scoped:
+                continue
+            phase = live.get(uid) if uid else None
+            # Not in use and its job is gone (or finished without keeping it): nobody will use it again.
+            if uid is None or phase is None or phase in TERMINAL:
+                ownerless.append(group)
+        if ownerless:
+            teardown_groups(ray, ownerless, python, "its owner no longer exists")
+            self.metrics.evictions.labels(why="ownerless").inc(len(ownerless))
+        self.metrics.set_capacity(self.admissions.snapshot())
+        return {"expired": expired, "ownerless": ownerless}
+
+    def _sweeper(self) -> None:
+        while self.alive.is_set():
+            deadline = time.monotonic() + self.settings.sweep_interval_s
+            while self.alive.is_set() and time.monotonic() < deadline:
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+            if not self.alive.is_set():
+                return
+            try:
+                self.sweep()
+            except Exception:  # noqa: BLE001 - Ray or the API server away: next sweep
+                log.warning("sweep failed; trying again in %.0f s", self.settings.sweep_interval_s, exc_info=True)
+
+    def lifecycle(self, namespace: str, name: str, uid: str) -> JobLifecycle:
+        key = f"{namespace}/{name}"
+        with self._lock:
+            current = self._lifecycles.get(key)
+            if current is None or current.uid != uid:
+                current = self._lifecycles[key] = JobLifecycle(self.ctx, namespace, name, uid)
+            return current
+
+    def delete(self, namespace: str, name: str, uid: str, status: dict[str, Any]) -> None:
+        self.lifecycle(namespace, name, uid).delete(status)
+        with self._lock:
+            self._lifecycles.pop(f"{namespace}/{name}", None)
+
+    def stop(self) -> None:
+        self.alive.clear()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+        if self.embedded is not None:
+            self.embedded.stop()
+
+
+def _no_event(*_args) -> None:
+    pass
+
+
+def object_ref(namespace: str, name: str, uid: str) -> dict[str, Any]:
+    """The smallest body kopf.event needs to post an event about a VideoJob."""
+    return {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,
+            "metadata": {"namespace": namespace, "name": name, "uid": uid}}

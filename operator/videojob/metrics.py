@@ -1,0 +1,94 @@
+"""Prometheus metrics (``videojob_*``) and the liveness endpoint, on one port.
+
+GET /metrics   the registry, in the Prometheus text format
+GET /healthz   200 "ok" while the operator's loop is alive (``alive()``), else 503
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+PHASES = ("Pending", "Planned", "Queued", "Running", "Succeeded", "Failed", "Cancelled")
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.jobs = Gauge("videojob_jobs", "VideoJobs by phase", ["phase"], registry=r)
+        self.queue_length = Gauge("videojob_queue_length", "VideoJobs waiting for GPUs", registry=r)
+        self.gpus_allocated = Gauge("videojob_gpus_allocated", "GPUs (or CPU ranks) held by running jobs and "
+                                    "idle warm groups, per GPU class", ["gpu_class"], registry=r)
+        self.gpus_free = Gauge("videojob_gpus_free", "GPUs (or CPU ranks) free, per GPU class", ["gpu_class"],
+                               registry=r)
+        self.gpus_idle = Gauge("videojob_gpus_idle", "GPUs held by idle warm groups (loaded, no job), per GPU class",
+                               ["gpu_class"], registry=r)
+        self.warm_groups = Gauge("videojob_warm_groups", "Idle warm actor groups, by model", ["model"], registry=r)
+        self.evictions = Counter("videojob_warm_group_evictions_total", "Idle warm groups torn down",
+                                 ["why"], registry=r)
+        self.attempts = Counter("videojob_attempts_total", "Attempts that ended, by result", ["result"], registry=r)
+        self.memory_ratio = Histogram(
+            "videojob_peak_memory_measured_over_estimated", "Measured peak memory per GPU / the plan's estimate",
+            buckets=(0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0), registry=r)
+        self.job_seconds = Histogram("videojob_job_duration_seconds", "Wall time of finished jobs",
+                                     buckets=(10, 30, 60, 120, 300, 600, 1200, 3600, 7200, 21600), registry=r)
+        self.stage_seconds = Histogram("videojob_stage_duration_seconds", "Seconds per stage of finished jobs",
+                                       ["stage"], buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 300, 1200, 3600), registry=r)
+        self.cache_skip_ratio = Histogram("videojob_cache_skip_ratio", "Share of denoiser work a step cache reused",
+                                          buckets=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), registry=r)
+        self.submissions = Counter("videojob_ray_submissions_total", "Drivers submitted to Ray", registry=r)
+        self.ray_errors = Counter("videojob_ray_errors_total", "Calls to Ray that failed after retries", registry=r)
+        self._phases: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def set_phase(self, key: str, phase: str | None) -> None:
+        with self._lock:
+            if phase is None:
+                self._phases.pop(key, None)
+            else:
+                self._phases[key] = phase
+            counts = {p: 0 for p in PHASES}
+            for value in self._phases.values():
+                counts[value] = counts.get(value, 0) + 1
+        for phase_name, count in counts.items():
+            self.jobs.labels(phase=phase_name).set(count)
+
+    def set_capacity(self, snapshot: dict) -> None:
+        """From ``Admissions.snapshot()``: per class allocated/free/idle, queue, warm groups by model."""
+        for name, c in snapshot["classes"].items():
+            self.gpus_allocated.labels(gpu_class=name).set(c["allocated"])
+            self.gpus_free.labels(gpu_class=name).set(c["free"])
+            self.gpus_idle.labels(gpu_class=name).set(c["idle"])
+        self.queue_length.set(snapshot["queued"])
+        with self._lock:
+            seen = getattr(self, "_models_seen", set())
+            for model in seen - set(snapshot["idleGroupsByModel"]):
+                self.warm_groups.labels(model=model).set(0)
+            for model, count in snapshot["idleGroupsByModel"].items():
+                self.warm_groups.labels(model=model).set(count)
+            self._models_seen = seen | set(snapshot["idleGroupsByModel"])
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, *args) -> None:  # scrapes every few seconds: not worth a log line
+        pass
+
+
+def serve(metrics: Metrics, port: int, alive: Callable[[], bool], host: str = "0.0.0.0") -> tuple[WSGIServer, int]:
+    """Serve /metrics and /healthz on ``port`` (0: a free one) in a daemon thread; returns (server, port)."""
+    metrics_app = make_wsgi_app(metrics.registry)
+
+    def app(environ, start_response):
+        if environ.get("PATH_INFO") == "/healthz":
+            ok = alive()
+            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [b"ok\n" if ok else b"not ready\n"]
+        return metrics_app(environ, start_response)
+
+    server = make_server(host, port, app, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="videojob-metrics", daemon=True).start()
+    return server, server.server_port

@@ -1,0 +1,575 @@
+"""The per-attempt Ray driver: ``python -m videojob_runtime.driver``.
+
+The operator submits one Ray job per VideoJob attempt (Jobs HTTP API) whose
+entrypoint is ``DriverRequest.entrypoint()``; this module is that entrypoint.
+It runs inside the Ray cluster (``ray.init(address="auto")``: Ray's job
+supervisor sets ``RAY_ADDRESS``; it never starts a cluster) and:
+
+1. decodes the request (``--request <base64 JSON of DriverRequest>``), builds
+   the rank's ``JobRequest`` and resolves the output uri on this side of the
+   volumes (a bad one fails the job naming ``spec.output.uri``), before
+   anything is created in Ray;
+2. fetches https inputs once (``inputs.staged_inputs``);
+3. finds the actor group by name and reuses it when it is whole and healthy
+   (same layout, no rank broken or busy), else removes what is left of it
+   and starts a new one (``ActorGroup.start``: nothing is left behind when
+   that fails);
+4. runs the job, printing progress records when (step, stage, state)
+   changes, at most every ``progress_interval_s``, and exactly one result
+   record at the end; exit 0 when the job succeeded, else 1;
+5. tears the group down unless ``group.keep`` (a warm pipeline for the next
+   job of the same name).
+
+Records go to stdout as ``@@videojob {json}`` lines (``driver_protocol``),
+flushed one by one; logs go to stderr. Besides ``progress`` and ``result``
+the driver prints one ``group`` record when the group is ready (its name,
+whether it was reused, its world size).
+
+Stop (``POST /api/jobs/{id}/stop``): Ray's job supervisor sends SIGTERM and
+SIGKILLs 3 s later. The stop signals are blocked in every thread from the
+start (the threads Ray creates inherit the mask) and taken by one thread with
+``sigwait``, so the stop does not wait for the main thread, whatever Ray call
+it is blocked in. That thread kills the group's actors and removes its
+placement group by name (also while ``ActorGroup.start`` is still creating
+them), prints a ``Cancelled`` result and exits 143, within ``STOP_BUDGET_S``.
+From then on nothing the main thread prints reaches stdout.
+
+``--teardown GROUP --world N``: attach to a group by name and remove it
+(the operator's cleanup after a driver that was SIGKILLed before it could);
+prints a result record with what was removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from videojob.driver_protocol import GROUP_PREFIX, DriverRequest, record
+
+log = logging.getLogger("videojob.driver")
+
+NAMESPACE = "videojob"  # group.NAMESPACE (not imported here: that would import ray before the mask is set)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+EXIT_STOPPED = 128 + signal.SIGTERM
+# Ray SIGKILLs a stopped driver 3 s after SIGTERM (RAY_JOB_STOP_WAIT_TIME_S): tear down within this.
+STOP_BUDGET_S = 2.0
+GiB = 1024**3
+_GROUP_NAME = re.compile(re.escape(GROUP_PREFIX) + r"[A-Za-z0-9-]+")
+
+
+# -- records ---------------------------------------------------------------------
+
+
+class _Out:
+    """stdout records, one write each; after a stop began only the stopper's get through."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stopping = False
+        self.result_printed = False
+
+    def emit(self, kind: str, *, _stopper: bool = False, **fields: Any) -> bool:
+        line = record(kind, **fields) + "\n"
+        with self.lock:
+            if self.stopping and not _stopper:
+                return False
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            self.result_printed = self.result_printed or kind == "result"
+            return True
+
+
+OUT = _Out()
+
+
+class _State:
+    """What the stopper needs to know about the main thread's progress."""
+
+    def __init__(self) -> None:
+        self.stage = "init"
+        self.ray_ready = False
+        self.group_name: str | None = None  # set before the group is looked up or started
+        self.world = 0
+        self.job_id: str | None = None
+        self.progress: dict[str, Any] | None = None
+
+
+STATE = _State()
+
+
+# -- stop --------------------------------------------------------------------------
+
+
+def remove_group(name: str, world: int = 0, settle_s: float = 0.0) -> dict[str, Any]:
+    """Kill every actor of group ``name`` (ranks ``0..world-1`` and any other
+    ``NAME-rank<i>`` alive in the namespace) and remove its placement group,
+    by name, whatever state they are in; missing ones are skipped. The
+    placement group goes first, so an actor created meanwhile cannot be placed.
+    ``settle_s`` > 0: wait up to that long for the names to be released."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    removed: dict[str, Any] = {"placementGroup": False, "actors": []}
+    # Removing the placement group kills the actors placed in it: these are the ones that were there.
+    found = _actor_names(name, 0)
+    for _ in range(2):  # a second pass for what the main thread created during the first
+        try:
+            pg = ray.util.get_placement_group(f"{name}-pg")
+        except ValueError:
+            pg = None
+        if pg is not None:
+            try:
+                remove_placement_group(pg)
+                removed["placementGroup"] = True
+            except Exception as exc:  # noqa: BLE001 - already removed
+                log.debug("placement group %s-pg: %s", name, exc)
+        for actor_name in sorted(_actor_names(name, world)):
+            try:
+                handle = ray.get_actor(actor_name, namespace=NAMESPACE)
+            except Exception:  # noqa: BLE001 - gone; or dying, its class already dropped from the GCS (Ray asserts)
+                continue
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception as exc:  # noqa: BLE001 - already dead
+                log.debug("actor %s: %s", actor_name, exc)
+                continue
+            if actor_name not in removed["actors"]:
+                removed["actors"].append(actor_name)
+    removed["actors"] = sorted(found | set(removed["actors"]))
+    if settle_s > 0:
+        deadline = time.monotonic() + settle_s
+        while _group_present(name) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        removed["gone"] = not _group_present(name)
+    return removed
+
+
+def _actor_names(name: str, world: int) -> set[str]:
+    import ray
+
+    pattern = re.compile(re.escape(name) + r"-rank\d+")
+    names = {f"{name}-rank{r}" for r in range(world)}
+    try:
+        names |= {n for n in ray.util.list_named_actors() if pattern.fullmatch(n)}
+    except Exception as exc:  # noqa: BLE001 - the ranks we know of are still killed
+        log.warning("could not list the named actors: %s", exc)
+    return names
+
+
+def _group_present(name: str) -> bool:
+    """Whether an actor or the placement group of group ``name`` still exists in Ray."""
+    import ray
+
+    pattern = re.compile(re.escape(name) + r"-rank\d+")
+    if any(pattern.fullmatch(n) for n in ray.util.list_named_actors()):
+        return True
+    try:
+        pg = ray.util.get_placement_group(f"{name}-pg")
+    except ValueError:
+        return False
+    table = ray.util.placement_group_table(pg)
+    return table.get("state") not in (None, "REMOVED")
+
+
+class Stopper(threading.Thread):
+    """Takes SIGTERM/SIGINT with ``sigwait`` (they are blocked everywhere else):
+    tears the group down, prints the Cancelled result, exits 143."""
+
+    def __init__(self) -> None:
+        super().__init__(name="videojob-stopper", daemon=True)
+
+    def run(self) -> None:
+        signum = signal.sigwait(STOP_SIGNALS)
+        self.stop(signal.Signals(signum).name)
+
+    def stop(self, signame: str) -> None:
+        started = time.monotonic()
+        with OUT.lock:
+            OUT.stopping = True
+            done = OUT.result_printed
+        if done:  # the job had ended (its group torn down or kept) and said so: just go
+            log.warning("%s after the result: exiting", signame)
+            logging.shutdown()
+            os._exit(EXIT_STOPPED)
+        stage = _stop_stage()
+        log.warning("%s: stopping in stage %s, group %s", signame, stage, STATE.group_name)
+        removed: dict[str, Any] = {}
+        torn_down = STATE.group_name is None  # nothing was created yet
+        if STATE.group_name is not None and STATE.ray_ready:
+            # Kill, then wait (within the budget) to see it gone: ``removed["gone"]``.
+            settle = max(0.0, STOP_BUDGET_S - 1.0)
+            worker = threading.Thread(
+                target=lambda: removed.update(remove_group(STATE.group_name, STATE.world, settle_s=settle)),
+                name="videojob-teardown", daemon=True)
+            worker.start()
+            worker.join(STOP_BUDGET_S)
+            torn_down = not worker.is_alive()
+            if not torn_down:
+                log.error("tearing group %s down took longer than %.1fs: the operator must remove it "
+                          "(--teardown)", STATE.group_name, STOP_BUDGET_S)
+        error: dict[str, Any] = {"reason": "Cancelled", "stage": stage,
+                                 "message": f"stopped by the operator ({signame})", "groupTornDown": torn_down}
+        if STATE.progress and STATE.progress.get("step"):
+            error["step"] = STATE.progress["step"]
+        OUT.emit("result", _stopper=True, ok=False, error=error, jobId=STATE.job_id, groupName=STATE.group_name,
+                 removed=removed, stopSeconds=round(time.monotonic() - started, 3))
+        logging.shutdown()
+        os._exit(EXIT_STOPPED)
+
+
+def _stop_stage() -> str:
+    if STATE.stage == "run" and STATE.progress:
+        return STATE.progress.get("stage") or "run"
+    return STATE.stage
+
+
+def install_stop_handling() -> Stopper:
+    """Block the stop signals in this (main) thread, before any other thread
+    exists, and start the thread that waits for them."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    stopper = Stopper()
+    stopper.start()
+    return stopper
+
+
+def _finish(code: int) -> int:
+    """The main thread's exit code, unless a stop began: then the stopper ends the process."""
+    if OUT.stopping:
+        while True:
+            time.sleep(1)
+    return code
+
+
+# -- the job -----------------------------------------------------------------------
+
+
+def _fail(reason: str, stage: str, message: str, **fields: Any) -> dict[str, Any]:
+    return {"ok": False, "error": {"reason": reason, "stage": stage, "message": message}, **fields}
+
+
+def _check_writable(output_dir: Path, uri: str) -> None:
+    """Fail before any GPU is taken if the job's files could not be written there."""
+    import tempfile
+
+    from .errors import JobFailure
+
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=output_dir, prefix=".videojob-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise JobFailure(f"spec.output.uri: {uri} resolves to {output_dir}, which cannot be written "
+                         f"({exc.strerror or exc}): check that the volume is mounted read-write and that the "
+                         "path is a directory", stage="write", field="spec.output.uri") from None
+
+
+def job_request(request: DriverRequest):
+    """The ranks' JobRequest (``videojob_runtime.request``) and its output directory.
+    Raises JobFailure (a bad output uri, naming spec.output.uri) or ValueError (a bad job)."""
+    from .locations import resolve
+    from .request import JobRequest
+
+    job = dict(request.job)
+    if job.get("output_dir") is not None:
+        raise ValueError("job.output_dir is the driver's to set: send output_uri instead")
+    uri = request.output_uri or f"local://{request.namespace}/{request.name}"
+    output_dir = resolve(uri, "output", "spec.output.uri")
+    _check_writable(output_dir, uri)
+    job["output_dir"] = str(output_dir)
+    job.setdefault("output_name", request.name)
+    job.setdefault("job_id", f"{request.name}-a{request.attempt}")
+    try:
+        return JobRequest.from_dict(job), output_dir, uri
+    except TypeError as exc:  # a required field missing
+        raise ValueError(f"JobRequest: {exc}") from None
+
+
+def find_group(request: DriverRequest):
+    """(group, reused): the running group of this name when it is whole and
+    healthy, else a new one (what was left of the old one removed first)."""
+    from .group import ActorGroup, GroupSpec, GroupStartError
+
+    g = request.group
+    spec = GroupSpec(name=g.name, ulysses=g.ulysses, ring=g.ring, cfg=g.cfg, device=g.device,
+                     bundle_resources=dict(g.bundle_resources))
+    if _group_present(spec.name):
+        group, problem = _check(spec)
+        if problem is None:
+            log.info("group=%s reused=true world=%d", spec.name, spec.world_size)
+            return group, True
+        if problem.startswith("busy"):
+            raise GroupStartError("GroupBusy", "start", f"group {spec.name} is running another job ({problem}); "
+                                                        "one job at a time per group")
+        log.warning("group=%s is not reusable (%s): removing it and starting a new one", spec.name, problem)
+        removed = remove_group(spec.name, spec.world_size, settle_s=30)
+        if not removed.get("gone"):
+            raise GroupStartError("GroupStartFailed", "start",
+                                  f"what is left of group {spec.name} ({problem}) was not removed within 30s")
+    log.info("group=%s reused=false world=%d starting", spec.name, spec.world_size)
+    group = ActorGroup.start(spec, timeout_s=request.placement_timeout_s, cpus_per_rank=g.cpus_per_rank)
+    return group, False
+
+
+def _check(spec):
+    """(the attached group, None) when the group named by ``spec`` can run this
+    job, else (None, why not); "busy: ..." when a rank is running a job."""
+    import ray
+
+    from .group import ActorGroup
+
+    try:
+        group = ActorGroup.attach(spec)
+    except Exception as exc:  # noqa: BLE001 - ValueError: missing; a dying actor can fail other ways
+        return None, f"a rank is missing ({type(exc).__name__}: {exc})"
+    if group.pg is None:
+        return None, "its placement group is missing"
+    bundles = len(ray.util.placement_group_table(group.pg).get("bundles") or {})
+    if bundles != spec.world_size:
+        return None, f"its placement group has {bundles} bundles, this job needs {spec.world_size}"
+    if any(re.fullmatch(re.escape(spec.name) + r"-rank(\d+)", n) and int(n.rsplit("rank", 1)[1]) >= spec.world_size
+           for n in ray.util.list_named_actors()):
+        return None, f"it has more than {spec.world_size} ranks"
+    try:
+        health = group.health(timeout_s=10)
+        layouts = ray.get([a.__ray_call__.remote(_layout) for a in group.actors], timeout=10)
+    except Exception as exc:  # noqa: BLE001 - a dead or hung rank: not reusable
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return None, f"a rank does not answer ({type(exc).__name__}: {first})"
+    wanted = (spec.world_size, spec.ulysses, spec.ring, spec.cfg, spec.device)
+    for rank, (h, layout) in enumerate(zip(health, layouts)):
+        if h.get("broken"):
+            return None, f"rank {rank} is broken: {h['broken']}"
+        if h.get("rank") != rank or tuple(layout) != wanted:
+            return None, (f"rank {rank} runs layout {tuple(layout)} (world, ulysses, ring, cfg, device), "
+                          f"this job needs {wanted}")
+        if spec.world_size > 1 and not h.get("distributed"):
+            return None, f"rank {rank} has no process group"
+    busy = [h["rank"] for h in health if h.get("busy")]
+    if busy:
+        return None, f"busy: ranks {busy} are running a job"
+    return group, None
+
+
+def _layout(actor) -> tuple:  # runs inside a RankActor (__ray_call__)
+    w = actor.worker
+    return (w.world_size, w.ulysses, w.ring, w.cfg, w.device)
+
+
+class ProgressPrinter:
+    """A progress record when (step, stage, state) changed, at most every ``interval_s``
+    (a change held back is printed once the interval has passed: the callback runs every poll)."""
+
+    def __init__(self, interval_s: float, job_id: str):
+        self.interval_s, self.job_id = interval_s, job_id
+        self.last_key: tuple | None = None
+        self.last_at = float("-inf")
+
+    def __call__(self, progress: dict[str, Any]) -> None:
+        if progress.get("job_id") != self.job_id:
+            return  # a warm rank that has not begun this job yet still shows the last one
+        STATE.progress = progress
+        key = (progress.get("step"), progress.get("stage"), progress.get("state"))
+        now = time.monotonic()
+        if key == self.last_key or now - self.last_at < self.interval_s:
+            return
+        self.last_key, self.last_at = key, now
+        OUT.emit("progress", step=progress.get("step", 0), steps=progress.get("steps", 0),
+                 percent=progress.get("percent", 0), stage=progress.get("stage", ""),
+                 state=progress.get("state", ""), job_id=self.job_id)
+
+
+def _summary(result: dict[str, Any], uri: str, output_dir: Path) -> dict[str, Any]:
+    """The result record's fields for a finished group.run."""
+    out: dict[str, Any] = {"ok": bool(result.get("ok")), "error": result.get("error")}
+    if not out["ok"]:
+        return out
+    output = result.get("output")
+    if output:
+        output = {**output, "uri": uri, "dir": str(output_dir)}
+    timings = result.get("timings") or {}
+    out.update(
+        output=output,
+        measured={"peakGiB": round(result.get("peak_bytes", 0) / GiB, 4),
+                  **{f"{k}Seconds": round(v, 3) for k, v in timings.items()}},
+        cache=result.get("cache"),
+        seed=result.get("seed"),
+        framesDigest=result.get("frames_digest"),
+        framesShape=result.get("frames_shape"),
+        reused=result.get("reused_all"),
+        loads=result.get("loads"),
+        collectivesPerRank=result.get("collectives_per_rank"),
+        decodeOffload=result.get("decode_offload"),
+    )
+    return out
+
+
+def run(request: DriverRequest) -> int:
+    """One attempt: request, Ray, inputs, group, job, teardown; prints the result record."""
+    import ray
+
+    from .errors import JobFailure
+    from .group import GroupStartError
+    from .inputs import staged_inputs
+    from .worker import short_traceback
+    from videojob.settings import RunSettings
+
+    STATE.stage = "request"
+    base = {"jobId": None, "attempt": request.attempt, "groupName": request.group.name}
+    if not _GROUP_NAME.fullmatch(request.group.name):
+        return _result(_fail("BadRequest", "request", f"group name {request.group.name!r} must be 'vj-' followed "
+                                                      "by letters, digits and '-'"), base)
+    try:
+        job, output_dir, uri = job_request(request)
+    except JobFailure as exc:
+        return _result({"ok": False, "error": exc.to_dict()}, base)
+    except ValueError as exc:
+        return _result(_fail("BadRequest", "request", str(exc)), base)
+    STATE.job_id = base["jobId"] = job.job_id
+    base.update(seed=job.seed, steps=job.steps)
+    log.info("job=%s attempt=%d group=%s output=%s", job.job_id, request.attempt, request.group.name, output_dir)
+
+    STATE.stage = "init"
+    try:
+        ray.init(address="auto", namespace=NAMESPACE, log_to_driver=False)
+    except Exception as exc:  # noqa: BLE001 - no cluster to run in: data, not a traceback exit
+        log.error("ray.init failed", exc_info=True)
+        return _result(_fail("RayUnavailable", "init", f"cannot connect to the Ray cluster: {exc}"), base)
+    STATE.ray_ready = True
+
+    group = None
+    reused_group = False
+    started = time.monotonic()
+    wall: dict[str, float] = {}
+    try:
+        STATE.stage = "inputs"
+        with staged_inputs(job, RunSettings()) as staged:
+            STATE.stage = "start"
+            OUT.emit("progress", step=0, steps=job.steps, percent=0, stage="start", state="starting",
+                     job_id=job.job_id)
+            g = request.group
+            STATE.group_name, STATE.world = g.name, g.ulysses * g.ring * g.cfg
+            group, reused_group = find_group(request)
+            wall["groupSeconds"] = round(time.monotonic() - started, 3)
+            OUT.emit("group", name=group.spec.name, reused=reused_group, world=group.spec.world_size,
+                     seconds=wall["groupSeconds"])
+            STATE.stage = "run"
+            result = group.run(staged, timeout_s=request.job_timeout_s,
+                               on_progress=ProgressPrinter(request.progress_interval_s, job.job_id))
+            wall["runSeconds"] = round(time.monotonic() - started - wall["groupSeconds"], 3)
+        summary = _summary(result, uri, output_dir)
+    except JobFailure as exc:  # an https input that could not be fetched: nothing ran
+        log.error("job failed in %s: %s", exc.stage or STATE.stage, exc.message)
+        summary = {"ok": False, "error": exc.to_dict()}
+    except GroupStartError as exc:  # start leaves nothing behind; a busy group is not ours to remove
+        log.error("group start failed: %s", exc.message)
+        summary = {"ok": False, "error": {**exc.to_dict(), "groupTornDown": exc.reason != "GroupBusy"}}
+    except Exception as exc:  # noqa: BLE001 - a failure outside the job is still a result record
+        log.error("driver failed in %s", STATE.stage, exc_info=True)
+        summary = _fail(type(exc).__name__, STATE.stage, str(exc) or type(exc).__name__,
+                        traceback=short_traceback(exc))
+        if STATE.group_name is not None:  # whatever exists of the group is in an unknown state: it goes
+            STATE.stage = "teardown"
+            _teardown(group, STATE.group_name, STATE.world)
+            summary["error"]["groupTornDown"] = True
+        group = None
+    if group is not None and not group.torn_down and not request.group.keep:
+        STATE.stage = "teardown"
+        _teardown(group, group.spec.name, group.spec.world_size)
+    kept = group is not None and not group.torn_down
+    return _result(summary, {**base, "groupReused": reused_group, "groupKept": kept, "wall": wall})
+
+
+def _teardown(group, name: str | None, world: int) -> None:
+    started = time.monotonic()
+    try:
+        if group is not None:
+            group.teardown()
+        if name:
+            remove_group(name, world)  # by name too: whatever a half-built or broken group left
+    except Exception:  # noqa: BLE001 - the operator sweeps what a failed teardown left
+        log.error("teardown of group %s failed", name, exc_info=True)
+    log.info("group=%s torn down in %.2fs", name, time.monotonic() - started)
+
+
+def _result(summary: dict[str, Any], extra: dict[str, Any]) -> int:
+    fields = {**extra, **summary}
+    if OUT.stopping:  # the stopper reports this attempt (Cancelled); what the main thread saw since is moot
+        return 1
+    if not fields["ok"]:
+        error = fields.get("error") or {}
+        log.error("result ok=false reason=%s stage=%s: %s", error.get("reason"), error.get("stage"),
+                  error.get("message"))
+    else:
+        log.info("result ok=true video=%s", (fields.get("output") or {}).get("video"))
+    OUT.emit("result", **fields)
+    return 0 if fields["ok"] else 1
+
+
+def teardown(name: str, world: int) -> int:
+    """``--teardown``: remove group ``name`` (its ranks and placement group) by name."""
+    import ray
+
+    STATE.stage = "teardown"
+    if not _GROUP_NAME.fullmatch(name):
+        return _result(_fail("BadRequest", "request", f"group name {name!r} must be 'vj-' followed by letters, "
+                                                      "digits and '-'"), {"groupName": name})
+    try:
+        ray.init(address="auto", namespace=NAMESPACE, log_to_driver=False)
+    except Exception as exc:  # noqa: BLE001
+        return _result(_fail("RayUnavailable", "init", f"cannot connect to the Ray cluster: {exc}"),
+                       {"groupName": name})
+    STATE.ray_ready = True
+    STATE.group_name, STATE.world = name, world
+    removed = remove_group(name, world, settle_s=30)
+    gone = removed.pop("gone", False)
+    log.info("teardown group=%s removed=%s gone=%s", name, removed, gone)
+    if not gone:
+        return _result(_fail("TeardownIncomplete", "teardown", f"group {name} was still present 30s after "
+                                                               "its actors were killed"),
+                       {"groupName": name, "removed": removed})
+    return _result({"ok": True, "error": None}, {"groupName": name, "removed": removed, "teardown": True})
+
+
+# -- entry point -------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m videojob_runtime.driver",
+                                     description="Run one VideoJob attempt on the Ray cluster this runs in.")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--request", help="base64 JSON of a DriverRequest (videojob.driver_protocol)")
+    mode.add_argument("--teardown", metavar="GROUP", help="remove this group (its actors and placement group)")
+    parser.add_argument("--world", type=int, default=0,
+                        help="with --teardown: the group's world size (ranks 0..N-1; any other rank alive "
+                             "under the group's name is removed too)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    install_stop_handling()  # first: before Ray creates its threads, so they inherit the blocked signals
+    logging.basicConfig(stream=sys.stderr, level=os.environ.get("VIDEOJOB_LOG_LEVEL", "INFO").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    if args.teardown:
+        return _finish(teardown(args.teardown, args.world))
+    try:
+        request = DriverRequest.decode(args.request)
+    except Exception as exc:  # noqa: BLE001 - a request that does not decode still gets a result record
+        return _finish(_result(_fail("BadRequest", "request", f"the driver request does not decode: {exc}"), {}))
+    return _finish(run(request))
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)
