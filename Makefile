@@ -85,6 +85,8 @@ bench: venv cluster-tools
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/runtime_bench.py
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/mp4_bench.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/operator_load.py
+	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/operator_load.py --precreate \
+	  --out benchmarks/results/operator_load_precreated.json
 
 # On a GPU machine: CogVideoX-5b full size (random weights), each offload mode,
 # measured vs planned -> benchmarks/results/gpu-*.json. gpu-check-dry-run runs the
