@@ -84,6 +84,7 @@ bench: venv cluster-tools
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/scheduling_sim.py
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/runtime_bench.py
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/mp4_bench.py
+	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/crd_write_cost.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/operator_load.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/operator_load.py --precreate \
 	  --out benchmarks/results/operator_load_precreated.json

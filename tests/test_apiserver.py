@@ -157,3 +157,11 @@ def test_the_spec_is_immutable_after_creation(crd, namespace):
     assert result.returncode != 0 and "spec is immutable" in result.stderr
     labels = crd.kubectl("label", "vj", "tiny-cpu", "-n", namespace, "team=video", check=False)
     assert labels.returncode == 0, "metadata stays editable"
+    # The field rules run at creation only (crd.creation_only); a hostile value
+    # slipped in by an update is still refused, by the immutability rule.
+    hostile = crd.kubectl("patch", "vj", "tiny-cpu", "-n", namespace, "--type=merge",
+                          "-p", json.dumps({"spec": {"output": {"uri": "local://../../etc"}}}), check=False)
+    assert hostile.returncode != 0 and "spec is immutable" in hostile.stderr
+    status = crd.kubectl("patch", "vj", "tiny-cpu", "-n", namespace, "--subresource=status", "--type=merge",
+                         "-p", json.dumps({"status": {"phase": "Queued"}}), check=False)
+    assert status.returncode == 0, status.stderr

@@ -51,6 +51,20 @@ def test_crd_carries_every_cross_field_rule():
     assert rules[-1]["rule"] == "self == oldSelf" and "immutable" in rules[-1]["message"]
 
 
+def test_spec_rules_run_at_creation_only():
+    """The spec is immutable, so its rules are guarded to run on create, not on
+    every status or metadata write (each is one CEL evaluation per rule)."""
+    spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    found = [(path, rule) for path, node in _walk(spec) for rule in node.get("x-kubernetes-validations") or []]
+    assert len(found) > len(SPEC_RULES) + 1  # the field rules (URIs, quantities) are found too
+    for path, rule in found:
+        if rule["rule"] == "self == oldSelf":
+            assert path == "$" and "optionalOldSelf" not in rule
+            continue
+        assert rule["rule"].startswith("oldSelf.hasValue() || (") and rule["rule"].endswith(")"), path
+        assert rule["optionalOldSelf"] is True, path
+
+
 def test_printer_columns_and_status_subresource():
     version = yaml.safe_load(render_crd().split("\n", 1)[1])["spec"]["versions"][0]
     names = [c["name"] for c in version["additionalPrinterColumns"]]

@@ -89,12 +89,38 @@ def structural_schema(model: type) -> dict[str, Any]:
     return _inline(schema, schema.get("$defs", {}))
 
 
+IMMUTABLE_SPEC_RULE = {"rule": "self == oldSelf",
+                       "message": "spec is immutable: delete the VideoJob and create it again"}
+
+
+def creation_only(schema: Any) -> None:
+    """Make every CEL rule under ``schema`` run when the object is created, not on
+    its updates: ``oldSelf.hasValue() || (rule)`` with ``optionalOldSelf``.
+
+    Why: the spec is immutable (``IMMUTABLE_SPEC_RULE``), so a spec rule that
+    held at creation still holds; but the API server evaluates every rule on
+    every write, status and metadata patches included, and the operator writes
+    each job's status several times. What each write costs with and without the
+    guard: benchmarks/crd_write_cost.py (benchmarks/results/crd_write_cost.json).
+    """
+    if isinstance(schema, dict):
+        for rule in schema.get("x-kubernetes-validations") or []:
+            if "oldSelf" not in rule["rule"]:
+                rule["rule"] = f"oldSelf.hasValue() || ({rule['rule']})"
+                rule["optionalOldSelf"] = True
+        for value in schema.values():
+            creation_only(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            creation_only(value)
+
+
 def build_crd() -> dict[str, Any]:
     spec_schema = structural_schema(VideoJobSpec)
-    spec_schema["x-kubernetes-validations"] = [rule.to_crd() for rule in SPEC_RULES] + [
-        # Immutable after creation, as a Kubernetes Job's template is.
-        {"rule": "self == oldSelf", "message": "spec is immutable: delete the VideoJob and create it again"},
-    ]
+    spec_schema["x-kubernetes-validations"] = [rule.to_crd() for rule in SPEC_RULES]
+    creation_only(spec_schema)
+    # Immutable after creation, as a Kubernetes Job's template is.
+    spec_schema["x-kubernetes-validations"].append(dict(IMMUTABLE_SPEC_RULE))
     status_schema = structural_schema(VideoJobStatus)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

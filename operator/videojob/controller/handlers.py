@@ -19,6 +19,23 @@ from .operator import Controller, object_ref
 FINALIZER = f"{API_GROUP}/finalizer"
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """Keep no last-handled-configuration: we have no create/update/resume
+    handlers that would diff against it (the daemon reads the object itself,
+    the spec is immutable), and storing it cost one PATCH per job, plus the
+    watch event it echoes, for nothing. Every event then looks like a
+    creation to kopf, which has no handler for it and does nothing."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        return {}
+
+    def fetch(self, *, body: Any) -> Any:
+        return None
+
+    def store(self, *, body: Any, patch: Any, essence: Any) -> None:
+        return None
+
+
 def _post_event(namespace: str, name: str, uid: str, kind: str, reason: str, message: str) -> None:
     kopf.event(object_ref(namespace, name, uid), type=kind, reason=reason, message=message[:1024])
 
@@ -40,7 +57,7 @@ def build_registry(settings: OperatorSettings, controller: Controller | None = N
         settings.persistence.finalizer = FINALIZER
         # Handler progress in annotations of our own prefix; never in status (its schema is ours).
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=API_GROUP)
+        settings.persistence.diffbase_storage = NoDiffBase()
         settings.posting.level = logging.WARNING  # our own events say what happens; kopf's only when wrong
         # The resources are known: no discovery watches (they would need RBAC on CRDs and namespaces).
         settings.scanning.disabled = True

@@ -46,7 +46,11 @@ def api_client(pool_size: int = 64) -> k8s.ApiClient:
     except k8s_config.ConfigException:
         k8s_config.load_kube_config(client_configuration=configuration)
     configuration.connection_pool_maxsize = pool_size
-    return k8s.ApiClient(configuration)
+    api = k8s.ApiClient(configuration)
+    # More threads than connections wait for one, instead of opening (a TLS
+    # handshake on both sides) and then discarding an extra connection each.
+    api.rest_client.pool_manager.connection_pool_kw["block"] = True
+    return api
 
 
 def with_retries(call: Callable[[], T], what: str, attempts: int = 6, first_delay_s: float = 0.5) -> T:
@@ -67,7 +71,7 @@ def with_retries(call: Callable[[], T], what: str, attempts: int = 6, first_dela
             log.info("%s: API server answered %s; again in %.1f s", what, exc.status, wait)
             time.sleep(min(30.0, wait) * (1 + 0.2 * random.random()))
             delay = min(30.0, delay * 2)
-    raise AssertionError("unreachable")
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
 class VideoJobs:
