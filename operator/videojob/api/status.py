@@ -52,7 +52,7 @@ class Reason(str, Enum):
     FAILED = "Failed"
     CANCELLED = "Cancelled"
     OPERATOR_RESTARTED = "OperatorRestarted"
-    SUBMITTED = "Submitted"
+    SUBMITTED = "Submitted"  # no longer set (the attempt write says Running); kept for older statuses
     RAY_UNAVAILABLE = "RayUnavailable"
     RAY_AUTH_FAILED = "RayAuthFailed"
 

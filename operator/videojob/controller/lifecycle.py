@@ -301,8 +301,14 @@ class JobLifecycle:
             attempt = {"number": number, "plan": plan, "startedAt": now(), "result": "Running", "group": group,
                        "submissionId": submission_id(self.namespace, self.name, self.uid, number)}
             what = f"warm group {group}" if admission.reuse else f"{plan['gpus']} rank(s) reserved"
+            # Running from this write on (one write, not one before and one after
+            # the submission): the submission id is durable before the driver exists,
+            # and a restart finds the attempt and submits or adopts its driver.
             changes, event = self._with_plan(
-                {"attempts": attempts + [attempt], "queue": None, "message": f"attempt {number}: submitting"},
+                {"attempts": attempts + [attempt], "queue": None, "phase": Phase.RUNNING.value,
+                 "message": f"attempt {number}: driver {attempt['submissionId']} on {admission.klass} "
+                            f"pod {admission.pod}",
+                 "actorGroup": {"name": group, "reused": bool(admission.reuse), "kept": False}},
                 (ConditionType.ADMITTED, "True", Reason.REUSED_WARM_GROUP if admission.reuse else Reason.ADMITTED,
                  f"{what} on {admission.klass} pod {admission.pod}"
                  + (" (backfilled)" if admission.backfilled else "")))
@@ -371,10 +377,12 @@ class JobLifecycle:
         else:
             message = f"attempt {attempt['number']}: driver {sid} adopted ({existing.status})"
         log.info("%s: %s", self.key, message)
-        self.book.update({"phase": Phase.RUNNING.value, "message": message,
-                          "actorGroup": {"name": attempt.get("group") or group_name(self.uid), "reused": False,
-                                         "kept": False},
-                          "conditions": self.book.condition(ConditionType.ADMITTED, "True", Reason.SUBMITTED, message)},
+        # Written with the attempt already; only a status that says otherwise (an
+        # attempt resumed after a restart or a Ray outage) is corrected here.
+        self.book.update({"phase": Phase.RUNNING.value,
+                          "actorGroup": {"name": attempt.get("group") or group_name(self.uid),
+                                         "reused": bool((self.book.status.get("actorGroup") or {}).get("reused")),
+                                         "kept": False}},
                          event_message=message)
 
     def _watch(self, stopped, attempt: dict[str, Any]) -> tuple[RayJob, dict[str, Any] | None] | None:
