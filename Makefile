@@ -16,7 +16,8 @@ include hack/cluster.mk
 # Lazily expanded: the bin dir exists once cluster-tools has run.
 KUBECTL = $(shell bash hack/cluster/build-tools.sh --print 2>/dev/null)/kubectl --kubeconfig $(CURDIR)/.cluster/kubeconfig
 
-.PHONY: help venv test unit crds demo demo-cluster bench calibrate gpu-check gpu-check-dry-run clean
+.PHONY: help venv test unit crds demo demo-cluster bench calibrate gpu-check gpu-check-dry-run clean \
+	helm-tool values-table kind-e2e docs
 
 help:
 	@echo "make demo    run the main job on the embedded default"
@@ -26,6 +27,10 @@ help:
 	@echo "make bench   benchmarks, results in benchmarks/results/"
 	@echo "make calibrate   re-profile the models into the planner's calibration table"
 	@echo "make cluster-up / cluster-down   the loopback kube-apiserver for tests"
+	@echo "make helm-tool   build helm from its Go module (cached; prints its bin dir)"
+	@echo "make values-table   regenerate README.md's Helm values table"
+	@echo "make kind-e2e   images, kind cluster, helm install, the tiny job (needs Docker and kind)"
+	@echo "make docs    render docs/architecture.png (needs graphviz)"
 
 # The venv is rebuilt only when pyproject.toml changes (the pip cache is kept).
 $(VENV)/.installed: pyproject.toml
@@ -42,11 +47,31 @@ define run_pytest
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 endef
 
-test: venv cluster-tools
+test: venv cluster-tools helm-tool
 	VIDEOJOB_REQUIRE_CLUSTER=1 $(call run_pytest,tests)
 
 unit: venv
 	$(call run_pytest,tests -m "not cluster")
+
+# helm from the Go module helm.sh/helm/v3 (tools/helm/), cached under
+# ~/.cache/videojob like the cluster tools; -p=1 leaves a core to the rest.
+helm-tool:
+	GOFLAGS="$${GOFLAGS:+$$GOFLAGS }-p=1" bash hack/cluster/build-gotool.sh helm
+
+# README.md's "Helm values" table, from charts/videojob/values.yaml and
+# values.schema.json (tests/test_chart_values.py fails when it drifts).
+values-table: venv
+	$(PY) hack/values_table.py
+
+# Layer 6: both images, a kind cluster, helm install (embedded mode), the tiny
+# job to Succeeded, its mp4 copied to out/kind-e2e/. Without Docker or kind it
+# says so and exits 0 without claiming a run.
+kind-e2e:
+	bash hack/kind-e2e.sh
+
+# docs/architecture.png from docs/architecture.dot (graphviz: apt-get install graphviz).
+docs:
+	dot -Tpng -Gdpi=100 docs/architecture.dot -o docs/architecture.png
 
 crds: venv
 	$(PY) -m videojob.cli crd --out $(CRD_FILE)

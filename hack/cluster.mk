@@ -2,10 +2,14 @@
 # kube-controller-manager as local processes; no Docker). Included by the main
 # Makefile; also usable alone: `make -f hack/cluster.mk cluster-up`.
 #
-#   cluster-tools   build the binaries from tools/ into ~/.cache/videojob (cached)
+#   cluster-tools   build the binaries from tools/, tools/kwok and tools/kuberay
+#                   into ~/.cache/videojob (cached); cluster-tools-base: tools/ only
 #   cluster-up      start the cluster (or reuse a healthy one); .cluster/kubeconfig
 #   cluster-down    stop it and delete its etcd data
 #   cluster-status  show pids, ports and health
+#   cluster-full-up / cluster-full-down
+#                   the full cluster (kube-scheduler, KWOK fake GPU nodes, KubeRay)
+#                   in .cluster-full/ (tests/test_cluster_full.py starts its own)
 #
 # export KUBECONFIG=$(CURDIR)/.cluster/kubeconfig to use it by hand; kubectl is in
 # the bin dir printed by `make cluster-tools`.
@@ -16,12 +20,17 @@ PYTHON ?= python3
 CLUSTER_HACK := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))/cluster
 CLUSTER_PY := $(CLUSTER_HACK)/localcluster.py
 
-.PHONY: cluster-tools cluster-up cluster-down cluster-status
+.PHONY: cluster-tools cluster-tools-base cluster-up cluster-down cluster-status cluster-full-up cluster-full-down
 
-cluster-tools:
+cluster-tools: cluster-tools-base
+	bash $(CLUSTER_HACK)/build-gotool.sh kwok
+	bash $(CLUSTER_HACK)/build-gotool.sh kuberay
+
+# The default cluster needs only tools/ (etcd, apiserver, controller-manager, kubectl).
+cluster-tools-base:
 	bash $(CLUSTER_HACK)/build-tools.sh
 
-cluster-up: cluster-tools
+cluster-up: cluster-tools-base
 	$(PYTHON) $(CLUSTER_PY) up
 
 cluster-down:
@@ -29,3 +38,11 @@ cluster-down:
 
 cluster-status:
 	$(PYTHON) $(CLUSTER_PY) status
+
+CLUSTER_FULL_DIR ?= $(CURDIR)/.cluster-full
+
+cluster-full-up: cluster-tools
+	$(PYTHON) $(CLUSTER_PY) --cluster-dir $(CLUSTER_FULL_DIR) up --full
+
+cluster-full-down:
+	$(PYTHON) $(CLUSTER_PY) --cluster-dir $(CLUSTER_FULL_DIR) down

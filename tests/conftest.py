@@ -10,6 +10,20 @@ kube_cluster   session scope. Reuses a running cluster (`make cluster-up`) or
                when CI=true or VIDEOJOB_REQUIRE_CLUSTER=1.
 namespace      function scope. Creates `vj-test-<random>` and deletes it
                afterwards without waiting for the deletion to finish.
+full_cluster   session scope. The full cluster (`localcluster.py up --full`:
+               kube-scheduler, KWOK fake nodes from hack/cluster/fake-nodes.yaml,
+               the KubeRay operator and its CRDs) in its own cluster dir,
+               $VIDEOJOB_FULL_CLUSTER_DIR or <repo>/.cluster-full, so it never
+               touches the default cluster. A FullCluster (a KubeCluster plus
+               tool_bin_dirs, fake_nodes, kuberay_version); stopped at the end
+               unless it was started by hand (`make cluster-full-up`). Skips or
+               fails like kube_cluster.
+full_namespace function scope. A fresh namespace in full_cluster; deleted
+               afterwards, waiting (60 s at most) until it is gone, so the next
+               test finds the fake nodes' GPUs free.
+full_namespaces function scope. A factory: each call makes one more fresh
+               namespace in full_cluster; all are deleted afterwards together,
+               waiting as full_namespace does.
 """
 from __future__ import annotations
 
@@ -26,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 LOCALCLUSTER = REPO / "hack" / "cluster" / "localcluster.py"
 # Covers a cold build of the binaries (build-tools.sh) plus start-up.
 UP_TIMEOUT_S = float(os.environ.get("VIDEOJOB_CLUSTER_UP_TIMEOUT", "3600"))
+FULL_CLUSTER_DIR = Path(os.environ.get("VIDEOJOB_FULL_CLUSTER_DIR") or REPO / ".cluster-full")
 
 
 def _cluster_required() -> bool:
@@ -86,6 +101,10 @@ class KubeCluster:
         self.ca_file = self.cluster_dir / "pki" / "ca.crt"
         self.kubectl = Kubectl(str(self.bin_dir / "kubectl"), self)
 
+    def get_json(self, *args: str, **kwargs) -> dict:
+        """`kubectl get ARGS -o json`, parsed."""
+        return json.loads(self.kubectl("get", *args, "-o", "json", **kwargs).stdout)
+
     def env(self, kubeconfig: str | os.PathLike | None = None) -> dict[str, str]:
         """os.environ with KUBECONFIG set (admin unless given) and kubectl on PATH."""
         env = dict(os.environ)
@@ -115,6 +134,23 @@ class KubeCluster:
         return Path(out)
 
 
+class FullCluster(KubeCluster):
+    """The full cluster (`localcluster.py up --full`): a KubeCluster (bin_dir also
+    holds kube-scheduler) plus
+
+    tool_bin_dirs    {"kwok": Path, "kuberay": Path}: the kwok and kuberay-operator binaries
+    fake_nodes       names of the fake nodes (hack/cluster/fake-nodes.yaml)
+    kuberay_version  the KubeRay operator version running (its CRDs are applied)
+    state            the whole state.json dict (ports, pids, exes, kubeconfigs, ...)
+    """
+
+    def __init__(self, state: dict):
+        super().__init__(state)
+        self.tool_bin_dirs = {k: Path(v) for k, v in state["tool_bin_dirs"].items()}
+        self.fake_nodes: list[str] = list(state["fake_nodes"])
+        self.kuberay_version: str = state["kuberay"]["version"]
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests that use the cluster (directly or through `namespace`) get the
     `cluster` marker, so `-m "not cluster"` deselects them even when unmarked."""
@@ -123,14 +159,15 @@ def pytest_collection_modifyitems(config, items):
     if not registered:
         return
     for item in items:
-        if "kube_cluster" in getattr(item, "fixturenames", ()):
+        if {"kube_cluster", "full_cluster"} & set(getattr(item, "fixturenames", ())):
             item.add_marker("cluster")
 
 
-@pytest.fixture(scope="session")
-def kube_cluster():
-    args = [sys.executable, str(LOCALCLUSTER), "up", "--ephemeral", "--holder", str(os.getpid()),
-            "--json"]
+def _cluster_up(extra: list[str], what: str = "the loopback Kubernetes cluster") -> dict:
+    """`localcluster.py [extra...] up --ephemeral --holder <this pid> --json`; the
+    state dict, or skip (fail when the cluster is required) with the reason."""
+    args = [sys.executable, str(LOCALCLUSTER), *extra, "--ephemeral", "--holder",
+            str(os.getpid()), "--json"]
     if os.environ.get("VIDEOJOB_CLUSTER_NO_BUILD", "").strip() == "1":
         args.append("--no-build")
     problem = None
@@ -143,29 +180,77 @@ def kube_cluster():
             err = "\n".join(res.stderr.splitlines()[-60:])
             problem = f"`{' '.join(args[1:])}` exited with {res.returncode}:\n{err}"
     if problem:
-        msg = f"the loopback Kubernetes cluster could not start: {problem}"
+        msg = f"{what} could not start: {problem}"
         if _cluster_required():
             pytest.fail(msg, pytrace=False)
         pytest.skip(msg)
+    return json.loads(res.stdout)
 
-    state = json.loads(res.stdout)
+
+def _cluster_release(state: dict) -> None:
+    """Stops the cluster only if it was started by a test session (--ephemeral)
+    and no other live session holds it."""
+    subprocess.run([sys.executable, str(LOCALCLUSTER), "--cluster-dir", state["cluster_dir"],
+                    "release", "--holder", str(os.getpid())], timeout=120, check=False)
+
+
+@pytest.fixture(scope="session")
+def kube_cluster():
+    state = _cluster_up(["up"])
     try:
         yield KubeCluster(state)
     finally:
-        # Stops the cluster only if it was started by a test session (--ephemeral)
-        # and no other live session holds it.
-        subprocess.run([sys.executable, str(LOCALCLUSTER), "--cluster-dir", state["cluster_dir"],
-                        "release", "--holder", str(os.getpid())], timeout=120, check=False)
+        _cluster_release(state)
+
+
+@pytest.fixture(scope="session")
+def full_cluster():
+    """The full cluster in its own dir (see the module docstring)."""
+    state = _cluster_up(["--cluster-dir", str(FULL_CLUSTER_DIR), "up", "--full"],
+                        "the full loopback cluster (scheduler, KWOK, KubeRay)")
+    try:
+        yield FullCluster(state)
+    finally:
+        _cluster_release(state)
+
+
+def _new_namespace(cluster: KubeCluster) -> str:
+    name = f"vj-test-{secrets.token_hex(4)}"
+    manifest = {"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": name,
+                             "labels": {"app.kubernetes.io/part-of": "videojob-tests"}}}
+    cluster.kubectl("create", "-f", "-", input=json.dumps(manifest))
+    return name
+
+
+@pytest.fixture
+def full_namespaces(full_cluster: FullCluster):
+    """A factory of fresh namespaces in the full cluster; all are deleted afterwards,
+    waiting until they are gone."""
+    names: list[str] = []
+
+    def make() -> str:
+        names.append(_new_namespace(full_cluster))
+        return names[-1]
+
+    yield make
+    if names:
+        # kubectl's own deadline; a namespace still terminating after it fails the
+        # teardown with kubectl's message (what it waited for).
+        full_cluster.kubectl("delete", "namespace", *names, "--ignore-not-found", "--wait=true",
+                             "--timeout=60s", timeout=90)
+
+
+@pytest.fixture
+def full_namespace(full_namespaces) -> str:
+    """A fresh namespace in the full cluster; deleted afterwards, waiting until it is gone."""
+    return full_namespaces()
 
 
 @pytest.fixture
 def namespace(kube_cluster: KubeCluster):
     """A fresh namespace `vj-test-<random>`; deleted (without waiting) after the test."""
-    name = f"vj-test-{secrets.token_hex(4)}"
-    manifest = {"apiVersion": "v1", "kind": "Namespace",
-                "metadata": {"name": name,
-                             "labels": {"app.kubernetes.io/part-of": "videojob-tests"}}}
-    kube_cluster.kubectl("create", "-f", "-", input=json.dumps(manifest))
+    name = _new_namespace(kube_cluster)
     yield name
     kube_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found",
                          check=False)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable, TypeVar
 
 import yaml
@@ -64,6 +66,52 @@ def wait_until_clean(prefix: str, timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"left behind in Ray {timeout:.0f}s later: {census}")
         time.sleep(0.2)
+
+
+def helm_binary() -> str:
+    """The helm binary built from its Go module (hack/cluster/build-gotool.sh, `make
+    helm-tool`, cached). When it is not built the calling test skips, or FAILS when
+    VIDEOJOB_REQUIRE_CLUSTER=1."""
+    import pytest
+
+    result = subprocess.run(["bash", str(REPO / "hack" / "cluster" / "build-gotool.sh"), "helm", "--print"],
+                            capture_output=True, text=True, cwd=REPO, timeout=60)
+    lines = result.stdout.strip().splitlines()
+    path = Path(lines[-1]) / "helm" if result.returncode == 0 and lines else None
+    if path is None or not os.access(path, os.X_OK):
+        said = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1]
+        msg = f"helm is not built (run `make helm-tool`): {said}"
+        if os.environ.get("VIDEOJOB_REQUIRE_CLUSTER", "").strip() == "1":
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    return str(path)
+
+
+def env_of(container: dict) -> dict[str, str]:
+    """A container's plain environment variables (name -> value; None for valueFrom)."""
+    env = {}
+    for item in container.get("env", []):
+        assert item["name"] not in env, f"{container['name']}: env {item['name']} set twice"
+        env[item["name"]] = item.get("value")
+    return env
+
+
+def inventory_source(deployment: dict) -> tuple[PurePosixPath, str]:
+    """Where the operator Deployment's pod reads its inventory (VIDEOJOB_INVENTORY_FILE)
+    and the ConfigMap mounted there: (path in the pod, ConfigMap name); the file is the
+    ConfigMap's key of the same name."""
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    path = PurePosixPath(env_of(container)["VIDEOJOB_INVENTORY_FILE"])
+    mount = next(m for m in container["volumeMounts"] if PurePosixPath(m["mountPath"]) == path.parent)
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    return path, volume["configMap"]["name"]
+
+
+def running_ready(pod: dict) -> bool:
+    """A pod is Running and Ready (on the full cluster: bound to a node, and KWOK says so)."""
+    conds = {c["type"]: c["status"] for c in pod.get("status", {}).get("conditions", [])}
+    return pod.get("status", {}).get("phase") == "Running" and conds.get("Ready") == "True"
 
 
 def free_port() -> int:

@@ -4,7 +4,9 @@
 as a subprocess authenticated as a ServiceAccount bound to a Role made from
 ``charts/videojob/files/operator-rbac-rules.yaml`` (the file the chart uses),
 so RBAC is enforced; it can be stopped gently or killed (SIGKILL) to test a
-restart. Ray is a ``RayHead`` the test starts as its own process.
+restart. Ray is a ``RayHead`` the test starts as its own process. Given a
+``kubeconfig``, it runs as whoever that is instead, with no grant of its own
+(tests/test_chart_install.py: the ServiceAccount and Role a helm install made).
 """
 
 from __future__ import annotations
@@ -57,10 +59,14 @@ def write_inventory(path: Path, ranks: int = 2, gpu_memory: str = "8Gi", host_me
 
 
 class OperatorProcess:
-    def __init__(self, cluster, namespace: str, workdir: Path, env: dict[str, str], rules: list[dict] | None = None):
+    def __init__(self, cluster, namespace: str, workdir: Path, env: dict[str, str], rules: list[dict] | None = None,
+                 kubeconfig: Path | None = None):
+        """``kubeconfig``: run as its user, granting nothing (``rules`` unused); default: a
+        Role of ``rules`` (the chart's) bound to a ServiceAccount of the harness."""
         self.cluster, self.namespace, self.workdir = cluster, namespace, workdir
         self.env = env
         self.rules = rules if rules is not None else rbac_rules()
+        self.given_kubeconfig = kubeconfig
         self.metrics_port = free_port()
         self.process: subprocess.Popen | None = None
         self.log_path = workdir / f"operator-{namespace}.log"
@@ -68,7 +74,9 @@ class OperatorProcess:
 
     def start(self) -> "OperatorProcess":
         self.workdir.mkdir(parents=True, exist_ok=True)
-        if self.starts == 0:
+        if self.starts == 0 and self.given_kubeconfig is not None:
+            self.kubeconfig = self.given_kubeconfig
+        elif self.starts == 0:
             grant(self.cluster, self.namespace, self.rules)
             self.kubeconfig = self.cluster.kubeconfig_for(self.namespace, SERVICE_ACCOUNT,
                                                           self.workdir / f"{self.namespace}.kubeconfig")

@@ -5,10 +5,21 @@ Runs etcd, kube-apiserver and kube-controller-manager as local processes (no
 scheduler, no kubelet: pods are stored but never run).  The binaries come from
 hack/cluster/build-tools.sh (built from the Go tools module in tools/).
 
+`up --full` adds what a real cluster has, still without Docker or kubelets:
+kube-scheduler (same module), the KWOK controller (tools/kwok) faking the
+kubelets of the nodes in hack/cluster/fake-nodes.yaml (CPU nodes, 1-GPU and
+8-GPU nodes with nvidia.com/gpu capacity; pods bound to them become Running),
+and the KubeRay operator (tools/kuberay) with its CRDs, applied from the same
+module version.  Both tools are built by hack/cluster/build-gotool.sh.  The
+apiserver also gets the ExtendedResourceToleration admission plugin (pods that
+request nvidia.com/gpu tolerate the GPU nodes' taint).  state.json records
+`full`, so `down` stops everything.
+
 Everything lives in the cluster dir (default: <repo>/.cluster, override with
 VIDEOJOB_CLUSTER_DIR):
 
     kubeconfig        admin kubeconfig (client cert with O=system:masters)
+    scheduler.kubeconfig   kube-scheduler's (CN=system:kube-scheduler; --full only)
     state.json        pids, ports, bin dir, server URL
     pki/              CAs, serving cert, client certs, service-account key pair
     etcd/             etcd data
@@ -17,6 +28,7 @@ VIDEOJOB_CLUSTER_DIR):
 Commands:
 
     up       start the cluster, or reuse it when it is already running and healthy
+             (--full: with scheduler, KWOK fake nodes and KubeRay, see above)
     down     stop the processes and delete etcd data (--keep-data keeps it;
              pki/ and logs are always kept)
     status   print the state and health; exit 0 only when healthy
@@ -33,6 +45,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -51,9 +64,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_TOOLS = REPO / "hack" / "cluster" / "build-tools.sh"
+BUILD_GOTOOL = REPO / "hack" / "cluster" / "build-gotool.sh"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
 # Stop order; start order is the reverse.
 COMPONENTS = ("kube-controller-manager", "kube-apiserver", "etcd")
+# `up --full` only; stopped before COMPONENTS, started after them.
+FULL_COMPONENTS = ("kuberay-operator", "kwok", "kube-scheduler")
+FAKE_NODES = REPO / "hack" / "cluster" / "fake-nodes.yaml"
+KWOK_STAGES = REPO / "hack" / "cluster" / "kwok" / "stages.yaml"
+# kwok manages only nodes with this annotation (fake-nodes.yaml sets it).
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node=fake"
+KWOK_POD_CIDR = "10.244.0.0/16"  # pod IPs kwok hands out
+KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"
 SERVICE_CIDR = "10.96.0.0/12"
 SERVICE_IP = "10.96.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
 ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -79,6 +101,7 @@ class Paths:
         self.state = root / "state.json"
         self.kubeconfig = root / "kubeconfig"
         self.kcm_kubeconfig = root / "controller-manager.kubeconfig"
+        self.scheduler_kubeconfig = root / "scheduler.kubeconfig"
         self.lock = root / ".lock"
 
     def log(self, component: str) -> Path:
@@ -402,12 +425,12 @@ def admin_ssl_context(pki: Path) -> ssl.SSLContext:
 
 
 def api(state: dict, paths: Paths, method: str, path: str, body: dict | None = None,
-        timeout: float = 10.0) -> tuple[int, dict | str]:
+        timeout: float = 10.0, content_type: str = "application/json") -> tuple[int, dict | str]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(state["server"] + path, data=data, method=method)
     req.add_header("Accept", "application/json")
     if data is not None:
-        req.add_header("Content-Type", "application/json")
+        req.add_header("Content-Type", content_type)
     try:
         with urllib.request.urlopen(req, context=admin_ssl_context(paths.pki), timeout=timeout) as r:
             raw = r.read().decode()
@@ -444,7 +467,7 @@ def health(state: dict, paths: Paths) -> dict[str, tuple[bool, str]]:
     out: dict[str, tuple[bool, str]] = {}
     pids = state.get("pids", {})
     exes = state.get("exes", {})
-    for name in reversed(COMPONENTS):
+    for name in reversed(components(state)):
         if not pid_alive(pids.get(name, -1), exes.get(name)):
             out[name] = (False, f"process {pids.get(name)} is not running")
     ports = state["ports"]
@@ -462,11 +485,300 @@ def health(state: dict, paths: Paths) -> dict[str, tuple[bool, str]]:
     if "kube-controller-manager" not in out:
         ok, body = http_ok(f"https://127.0.0.1:{ports['kcm']}/healthz", insecure_ctx())
         out["kube-controller-manager"] = (ok, body.strip()[:2000])
+    if state.get("full"):
+        checks = {
+            "kube-scheduler": (f"https://127.0.0.1:{ports.get('scheduler')}/healthz", insecure_ctx()),
+            "kwok": (f"http://127.0.0.1:{ports.get('kwok')}/healthz", None),
+            "kuberay-operator": (f"http://127.0.0.1:{ports.get('kuberay_probe')}/readyz", None),
+        }
+        for name, (url, ctx) in checks.items():
+            if name not in out:
+                ok, body = http_ok(url, ctx)
+                out[name] = (ok, body.strip()[:2000])
     return out
+
+
+def components(state: dict | None) -> tuple[str, ...]:
+    """The components of this cluster, in stop order."""
+    return FULL_COMPONENTS + COMPONENTS if state and state.get("full") else COMPONENTS
 
 
 def healthy(state: dict | None, paths: Paths) -> bool:
     return bool(state) and all(ok for ok, _ in health(state, paths).values())
+
+
+# --------------------------------------------------------------------------
+# full mode: kube-scheduler, KWOK fake nodes, KubeRay
+
+
+@dataclasses.dataclass(frozen=True)
+class FullTools:
+    """What `up --full` runs, found (or built) before anything starts."""
+    kube_scheduler: Path
+    kwok_bin_dir: Path
+    kuberay_bin_dir: Path
+    kuberay_version: str
+    crd_dir: Path
+    fake_nodes: Path
+    stages: Path = KWOK_STAGES
+
+    @property
+    def kwok(self) -> Path:
+        return self.kwok_bin_dir / "kwok"
+
+    @property
+    def kuberay(self) -> Path:
+        return self.kuberay_bin_dir / "kuberay-operator"
+
+
+def resolve_tool_bin_dir(name: str, binary: str, env_var: str, build: bool) -> Path:
+    """tools/<name> built by build-gotool.sh (cached), or $env_var when set."""
+    chosen = os.environ.get(env_var)
+    if chosen:
+        bin_dir = Path(chosen).resolve()
+    else:
+        cmd = ["bash", str(BUILD_GOTOOL), name] + ([] if build else ["--print"])
+        log("resolving binaries: " + " ".join(cmd))
+        res = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        if res.returncode != 0 or not res.stdout.strip():
+            hint = "" if build else f" (run `make cluster-tools` or {BUILD_GOTOOL} {name} first)"
+            raise ClusterError(f"{BUILD_GOTOOL} {name} failed with exit code {res.returncode}{hint}")
+        bin_dir = Path(res.stdout.strip().splitlines()[-1])
+    if not os.access(bin_dir / binary, os.X_OK):
+        raise ClusterError(f"missing executable {bin_dir / binary}")
+    return bin_dir
+
+
+def go_command() -> str:
+    go = os.environ.get("GO") or shutil.which("go") or "/usr/local/go/bin/go"
+    if not os.access(go, os.X_OK) and not shutil.which(go):
+        raise ClusterError("no go toolchain found (set GO=/path/to/go)")
+    return go
+
+
+def kuberay_crds() -> tuple[Path, str]:
+    """KubeRay's CRD folder and version, from the module tools/kuberay pins.
+
+    `go mod download -json` prints the module's folder in the module cache
+    (downloading it when missing): the CRDs applied are always the ones of the
+    operator version that was built. VIDEOJOB_KUBERAY_CRD_DIR overrides.
+    """
+    override = os.environ.get("VIDEOJOB_KUBERAY_CRD_DIR")
+    if override:
+        return Path(override).resolve(), "unknown"
+    res = subprocess.run([go_command(), "mod", "download", "-json", KUBERAY_MODULE],
+                         cwd=REPO / "tools" / "kuberay", stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(res.stdout)
+    except ValueError:
+        info = {}
+    if res.returncode != 0 or not info.get("Dir"):
+        raise ClusterError(f"cannot locate {KUBERAY_MODULE} (tools/kuberay): "
+                           f"{info.get('Error') or res.stderr.strip()[-2000:]}")
+    crd_dir = Path(info["Dir"]) / "config" / "crd" / "bases"
+    if not sorted(crd_dir.glob("*.yaml")):
+        raise ClusterError(f"no CRDs in {crd_dir}")
+    return crd_dir, info.get("Version", "unknown")
+
+
+def resolve_full_tools(bin_dir: Path, args, build: bool) -> FullTools:
+    scheduler = bin_dir / "kube-scheduler"
+    if not os.access(scheduler, os.X_OK):
+        raise ClusterError(f"missing executable {scheduler} (an older build of tools/? "
+                           f"run hack/cluster/build-tools.sh)")
+    fake_nodes = Path(args.fake_nodes).resolve()
+    if not fake_nodes.is_file():
+        raise ClusterError(f"no fake nodes file {fake_nodes}")
+    crd_dir, version = kuberay_crds()
+    return FullTools(
+        kube_scheduler=scheduler,
+        kwok_bin_dir=resolve_tool_bin_dir("kwok", "kwok", "VIDEOJOB_KWOK_BIN_DIR", build),
+        kuberay_bin_dir=resolve_tool_bin_dir("kuberay", "kuberay-operator",
+                                             "VIDEOJOB_KUBERAY_BIN_DIR", build),
+        kuberay_version=version, crd_dir=crd_dir, fake_nodes=fake_nodes)
+
+
+def make_client_cert(pki: Path, name: str, subj: str) -> None:
+    """A client certificate signed by the cluster CA (kept like the rest of pki/)."""
+    if (pki / f"{name}.crt").exists() and (pki / f"{name}.key").exists():
+        return
+    tmp = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=pki))
+    try:
+        key, csr, ext, crt = (tmp / f"{name}.{x}" for x in ("key", "csr", "ext", "crt"))
+        openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(key))
+        os.chmod(key, 0o600)
+        ext.write_text("basicConstraints=critical,CA:FALSE\n"
+                       "keyUsage=critical,digitalSignature,keyEncipherment\n"
+                       "extendedKeyUsage=clientAuth\n")
+        openssl("req", "-new", "-key", str(key), "-subj", subj, "-out", str(csr))
+        openssl("x509", "-req", "-in", str(csr), "-CA", str(pki / "ca.crt"), "-CAkey",
+                str(pki / "ca.key"), "-CAserial", str(tmp / "ca.srl"), "-CAcreateserial",
+                "-days", "3650", "-sha256", "-extfile", str(ext), "-out", str(crt))
+        key.replace(pki / f"{name}.key")
+        crt.replace(pki / f"{name}.crt")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def kubectl(state: dict, *args: str, input: str | None = None, timeout: float = 120) -> str:
+    """Run kubectl with the admin kubeconfig; return stdout, raise ClusterError on failure."""
+    argv = [state["kubectl"], f"--kubeconfig={state['kubeconfig']}", *args]
+    try:
+        res = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ClusterError(f"`kubectl {' '.join(args)}` did not finish in {timeout:.0f}s") from None
+    if res.returncode != 0:
+        raise ClusterError(f"`kubectl {' '.join(args)}` exited with {res.returncode}:\n"
+                           f"{res.stderr.strip()[-3000:]}")
+    return res.stdout
+
+
+def crd_established(state: dict, paths: Paths, name: str) -> bool:
+    status, crd = api(state, paths, "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+    return status == 200 and any(c.get("type") == "Established" and c.get("status") == "True"
+                                 for c in crd.get("status", {}).get("conditions", []))
+
+
+def create_fake_nodes(state: dict, paths: Paths, manifest: Path) -> list[str]:
+    """Create the Nodes of `manifest`, then set their capacity and allocatable
+    through the status subresource (what a kubelet would report), so they do not
+    depend on how the apiserver treats status in a create. Returns the names."""
+    # kubectl parses the YAML (stdlib only here): one JSON object per document.
+    out = kubectl(state, "create", "--dry-run=client", "-o", "json", "-f", str(manifest))
+    items, pos, decoder = [], 0, json.JSONDecoder()
+    while out[pos:].strip():
+        pos += len(out[pos:]) - len(out[pos:].lstrip())
+        doc, pos = decoder.raw_decode(out, pos)
+        items.extend(doc.get("items", []) if doc.get("kind") == "List" else [doc])
+    names = []
+    for node in items:
+        if node.get("kind") != "Node":
+            raise ClusterError(f"{manifest}: only Nodes are allowed, found {node.get('kind')}")
+        name = node["metadata"]["name"]
+        annotations = node["metadata"].get("annotations") or {}
+        key, _, value = KWOK_NODE_ANNOTATION.partition("=")
+        if annotations.get(key) != value:
+            raise ClusterError(f"{manifest}: node {name} lacks the annotation {KWOK_NODE_ANNOTATION} "
+                               "(kwok would not manage it, and it would never become Ready)")
+        status, resp = api(state, paths, "POST", "/api/v1/nodes", node)
+        if status not in (200, 201, 409):
+            raise ClusterError(f"creating node {name}: HTTP {status}: {resp}")
+        want = {k: node.get("status", {})[k] for k in ("capacity", "allocatable")
+                if k in node.get("status", {})}
+        if want:
+            status, resp = api(state, paths, "PATCH", f"/api/v1/nodes/{name}/status",
+                               {"status": want}, content_type="application/merge-patch+json")
+            if status != 200:
+                raise ClusterError(f"setting the status of node {name}: HTTP {status}: {resp}")
+        names.append(name)
+    return names
+
+
+def nodes_ready(state: dict, paths: Paths, names: list[str]) -> bool:
+    status, resp = api(state, paths, "GET", "/api/v1/nodes")
+    if status != 200:
+        return False
+    by_name = {n["metadata"]["name"]: n for n in resp.get("items", [])}
+    for name in names:
+        node = by_name.get(name)
+        if not node:
+            return False
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in node.get("status", {}).get("conditions", []))
+        not_ready_taint = any(t.get("key", "").startswith("node.kubernetes.io/")
+                              for t in node.get("spec", {}).get("taints", []) or [])
+        if not ready or not_ready_taint:
+            return False
+    return True
+
+
+def start_full(paths: Paths, state: dict, full: FullTools, timeout: float) -> None:
+    """Start kube-scheduler, apply KubeRay's CRDs, start kwok, create the fake
+    nodes and wait until they are Ready, start the KubeRay operator."""
+    pki = paths.pki
+    sched_port, kwok_port, kr_metrics, kr_probe = free_ports(4)
+    state["full"] = True
+    state["ports"].update({"scheduler": sched_port, "kwok": kwok_port,
+                           "kuberay_metrics": kr_metrics, "kuberay_probe": kr_probe})
+    state["exes"].update({"kube-scheduler": str(full.kube_scheduler), "kwok": str(full.kwok),
+                          "kuberay-operator": str(full.kuberay)})
+    state["tool_bin_dirs"] = {"kwok": str(full.kwok_bin_dir), "kuberay": str(full.kuberay_bin_dir)}
+    state["kuberay"] = {"version": full.kuberay_version, "crd_dir": str(full.crd_dir)}
+    state["scheduler_kubeconfig"] = str(paths.scheduler_kubeconfig)
+    t0 = time.monotonic()
+
+    # ---- kube-scheduler, as system:kube-scheduler (the bootstrap RBAC role)
+    make_client_cert(pki, "scheduler", "/CN=system:kube-scheduler")
+    write_kubeconfig(paths.scheduler_kubeconfig, state["server"], pki / "ca.crt",
+                     cert_user(pki, "scheduler"), "system:kube-scheduler")
+    cfg = str(paths.scheduler_kubeconfig)
+    proc = start_process("kube-scheduler", [
+        str(full.kube_scheduler),
+        f"--kubeconfig={cfg}",
+        f"--authentication-kubeconfig={cfg}",
+        f"--authorization-kubeconfig={cfg}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={sched_port}",
+        f"--cert-dir={paths.root / 'scheduler-certs'}",
+        "--leader-elect=false",
+        "--profiling=false",
+        "--v=1",
+    ], paths.log("kube-scheduler"))
+    state["pids"]["kube-scheduler"] = proc.pid
+    write_state(paths, state)
+    url = f"https://127.0.0.1:{sched_port}/healthz"
+    wait_until(f"kube-scheduler {url} to return ok", lambda: http_ok(url, insecure_ctx())[0],
+               60, proc, paths.log("kube-scheduler"))
+
+    # ---- KubeRay CRDs (server-side: client-side apply hits the annotation size limit)
+    kubectl(state, "apply", "--server-side", "--force-conflicts",
+            "--field-manager=videojob-localcluster", "-f", str(full.crd_dir))
+    crds = [f"{f.stem.split('_', 1)[1]}.{f.stem.split('_', 1)[0]}"
+            for f in sorted(full.crd_dir.glob("*.yaml"))]
+    wait_until(f"KubeRay CRDs {', '.join(crds)} to be Established",
+               lambda: all(crd_established(state, paths, c) for c in crds), 60, interval=0.5)
+
+    # ---- kwok: fakes the kubelet of every node with the annotation
+    proc = start_process("kwok", [
+        str(full.kwok),
+        f"--config={full.stages}",
+        f"--kubeconfig={state['kubeconfig']}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}",
+        f"--server-address=127.0.0.1:{kwok_port}",
+        f"--cidr={KWOK_POD_CIDR}",
+    ], paths.log("kwok"))
+    state["pids"]["kwok"] = proc.pid
+    write_state(paths, state)
+    url = f"http://127.0.0.1:{kwok_port}/healthz"
+    wait_until(f"kwok {url} to return ok", lambda: http_ok(url, None)[0], 60, proc, paths.log("kwok"))
+
+    # ---- fake nodes
+    names = create_fake_nodes(state, paths, full.fake_nodes)
+    state["fake_nodes"] = names
+    write_state(paths, state)
+    wait_until(f"fake nodes {', '.join(names)} to be Ready (kwok) and untainted "
+               "by the node lifecycle controller",
+               lambda: nodes_ready(state, paths, names), 90, proc, paths.log("kwok"), interval=0.5)
+    log(f"{len(names)} fake nodes Ready after {time.monotonic() - t0:.1f}s")
+
+    # ---- KubeRay operator, all namespaces, no webhooks, as admin
+    proc = start_process("kuberay-operator", [
+        str(full.kuberay),
+        f"--kubeconfig={state['kubeconfig']}",
+        f"--metrics-addr=127.0.0.1:{kr_metrics}",
+        f"--health-probe-bind-address=127.0.0.1:{kr_probe}",
+        "--enable-leader-election=false",
+        "--log-stdout-encoder=console",
+    ], paths.log("kuberay-operator"))
+    state["pids"]["kuberay-operator"] = proc.pid
+    write_state(paths, state)
+    url = f"http://127.0.0.1:{kr_probe}/readyz"
+    wait_until(f"KubeRay operator {url} to return ok", lambda: http_ok(url, None)[0],
+               60, proc, paths.log("kuberay-operator"))
+    log(f"full mode (scheduler, kwok, {len(names)} fake nodes, KubeRay {full.kuberay_version}) "
+        f"up after {time.monotonic() - t0:.1f}s")
 
 
 # --------------------------------------------------------------------------
@@ -476,12 +788,13 @@ def healthy(state: dict | None, paths: Paths) -> bool:
 def stop_all(state: dict) -> None:
     pids = state.get("pids", {})
     exes = state.get("exes", {})
-    for name in COMPONENTS:
+    for name in FULL_COMPONENTS + COMPONENTS:  # whatever was started, full or not
         if name in pids:
             stop_pid(pids[name], exes.get(name), name)
 
 
-def start_cluster(paths: Paths, bin_dir: Path, timeout: float) -> dict:
+def start_cluster(paths: Paths, bin_dir: Path, timeout: float,
+                  full: FullTools | None = None) -> dict:
     paths.root.mkdir(parents=True, exist_ok=True)
     make_pki(paths.pki)
     pki = paths.pki
@@ -555,7 +868,8 @@ def start_cluster(paths: Paths, bin_dir: Path, timeout: float) -> dict:
             "--authorization-mode=Node,RBAC",
             # on top of the default set (NamespaceLifecycle, LimitRanger,
             # ServiceAccount, ResourceQuota, PodSecurity, webhooks, ...)
-            "--enable-admission-plugins=NodeRestriction",
+            "--enable-admission-plugins=NodeRestriction"
+            + (",ExtendedResourceToleration" if full else ""),
             "--allow-privileged=true",
             # 127.0.0.1 is not a valid Endpoints address; no reconciler needed here
             "--endpoint-reconciler-type=none",
@@ -613,6 +927,8 @@ def start_cluster(paths: Paths, bin_dir: Path, timeout: float) -> dict:
                                "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
                    60, procs["kube-controller-manager"], paths.log("kube-controller-manager"),
                    interval=0.5)
+        if full:
+            start_full(paths, state, full, timeout)
     except BaseException:
         stop_all(state)
         with contextlib.suppress(FileNotFoundError):
@@ -630,14 +946,21 @@ def cmd_up(args) -> int:
         state = read_state(paths)
         started = False
         if state and all(pid_alive(state.get("pids", {}).get(n, -1), state.get("exes", {}).get(n))
-                         for n in COMPONENTS) and not healthy(state, paths):
+                         for n in components(state)) and not healthy(state, paths):
             # All processes run but something is not ready (e.g. a busy machine):
             # give it a moment before deciding to restart.
             with contextlib.suppress(ClusterError):
                 wait_until("the running cluster to become healthy again",
                            lambda: healthy(state, paths), 30, interval=1)
+        if state and healthy(state, paths) and args.full and not state.get("full"):
+            # Never restart a cluster that others may be using; its apiserver
+            # also lacks the full mode's admission plugin.
+            raise ClusterError(
+                f"a cluster without --full is running in {paths.root}; stop it first "
+                f"(`localcluster.py --cluster-dir {paths.root} down`) or use another "
+                f"--cluster-dir / VIDEOJOB_CLUSTER_DIR for the full cluster")
         if state and healthy(state, paths):
-            log(f"reusing the running cluster at {state['server']}")
+            log(f"reusing the running {'full ' if state.get('full') else ''}cluster at {state['server']}")
             if not args.ephemeral and state.get("ephemeral"):
                 state["ephemeral"] = False  # an explicit `up` keeps it
         else:
@@ -649,7 +972,9 @@ def cmd_up(args) -> int:
                 stop_all(state)
                 paths.state.unlink()
             bin_dir = resolve_bin_dir(args.bin_dir, build=not args.no_build)
-            state = start_cluster(paths, bin_dir, args.timeout)
+            # Everything full mode needs is found (or built) before anything starts.
+            full = resolve_full_tools(bin_dir, args, build=not args.no_build) if args.full else None
+            state = start_cluster(paths, bin_dir, args.timeout, full)
             state["ephemeral"] = bool(args.ephemeral)
             started = True
         if args.holder is not None:
@@ -675,7 +1000,7 @@ def do_down(paths: Paths, keep_data: bool) -> None:
     if not keep_data and paths.etcd_data.exists():
         log(f"deleting etcd data {paths.etcd_data}")
         shutil.rmtree(paths.etcd_data)
-    for f in (paths.kubeconfig, paths.kcm_kubeconfig):
+    for f in (paths.kubeconfig, paths.kcm_kubeconfig, paths.scheduler_kubeconfig):
         with contextlib.suppress(FileNotFoundError):
             f.unlink()
 
@@ -730,7 +1055,11 @@ def cmd_status(args) -> int:
         print(f"bin dir:    {state['bin_dir']}")
         print(f"started:    {state.get('started_at')}  ephemeral={state.get('ephemeral')} "
               f"holders={state.get('holders')}")
-        for name in reversed(COMPONENTS):
+        if state.get("full"):
+            print(f"full:       kwok {state['tool_bin_dirs']['kwok']}")
+            print(f"            kuberay {state['tool_bin_dirs']['kuberay']}")
+            print(f"            fake nodes {', '.join(state.get('fake_nodes', []))}")
+        for name in reversed(components(state)):
             good, detail = h[name]
             first = detail.splitlines()[0] if detail else ""
             print(f"  {name:<24} pid {state['pids'].get(name)}  {'ok' if good else 'FAIL'}"
@@ -832,6 +1161,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="stop the cluster when its last --holder releases it")
     up.add_argument("--holder", type=int, help="register this pid as a user of the cluster")
     up.add_argument("--json", action="store_true", help="print the state as JSON (with `started`)")
+    up.add_argument("--full", action="store_true",
+                    help="also run kube-scheduler, KWOK with fake (GPU) nodes and the KubeRay "
+                         "operator with its CRDs; builds tools/kwok and tools/kuberay if needed")
+    up.add_argument("--fake-nodes", default=str(FAKE_NODES),
+                    help="with --full: the Node manifests to create (default: %(default)s)")
     up.set_defaults(func=cmd_up)
 
     down = sub.add_parser("down", help="stop the cluster and delete its etcd data")

@@ -1,0 +1,185 @@
+{{/*
+Names. The full name is kept to 40 characters so that derived names stay
+valid: the RayCluster (at most 53, DNS-1035), its head Service
+(<cluster>-head-svc) and its pods' generated names.
+*/}}
+{{- define "videojob.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "videojob.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "videojob.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "videojob.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "videojob.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "videojob.labels" -}}
+helm.sh/chart: {{ include "videojob.chart" . }}
+{{ include "videojob.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: videojob
+{{- end -}}
+
+{{- define "videojob.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "videojob.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "videojob.image" -}}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+
+{{/* The image of the operator pod: the runtime image in embedded mode (Ray runs inside it). */}}
+{{- define "videojob.operatorImage" -}}
+{{- if eq .Values.ray.mode "embedded" -}}
+{{- include "videojob.image" (dict "image" .Values.image.runtime "root" .) -}}
+{{- else -}}
+{{- include "videojob.image" (dict "image" .Values.image.operator "root" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "videojob.operatorPullPolicy" -}}
+{{- if eq .Values.ray.mode "embedded" -}}
+{{- .Values.image.runtime.pullPolicy -}}
+{{- else -}}
+{{- .Values.image.operator.pullPolicy -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "videojob.rayClusterName" -}}
+{{- default (printf "%s-ray" (include "videojob.fullname" .)) .Values.ray.kuberay.clusterName -}}
+{{- end -}}
+
+{{/* The URL of the Ray dashboard (Jobs and State APIs) the operator speaks to. */}}
+{{- define "videojob.dashboardUrl" -}}
+{{- if eq .Values.ray.mode "kuberay" -}}
+{{- printf "http://%s-head-svc.%s.svc:8265" (include "videojob.rayClusterName" .) .Release.Namespace -}}
+{{- else if eq .Values.ray.mode "address" -}}
+{{- required "ray.mode address needs ray.address (the Ray head's dashboard URL)" .Values.ray.address -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "videojob.inventoryDevice" -}}
+{{- if .Values.inventory.device -}}
+{{- .Values.inventory.device -}}
+{{- else if eq .Values.ray.mode "embedded" -}}
+cpu
+{{- else -}}
+cuda
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when bundles carry vj-class-<name> (inventory.py: default true on cuda, false on cpu). */}}
+{{- define "videojob.classResources" -}}
+{{- if kindIs "bool" .Values.inventory.classResources -}}
+{{- .Values.inventory.classResources -}}
+{{- else -}}
+{{- eq (include "videojob.inventoryDevice" .) "cuda" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "videojob.claimName" -}}
+{{- default (printf "%s-data" (include "videojob.fullname" .)) .Values.persistence.existingClaim -}}
+{{- end -}}
+
+{{- define "videojob.dataMountPath" -}}
+{{- printf "%s/%s" .Values.persistence.mountRoot (include "videojob.claimName" .) -}}
+{{- end -}}
+
+{{- define "videojob.tokenMountDir" -}}
+/var/run/secrets/videojob/ray
+{{- end -}}
+
+{{/*
+The data volume (the claim, or an emptyDir when persistence is off), /tmp and
+/dev/shm: every pod that runs the runtime has them (the root filesystem is read-only).
+*/}}
+{{- define "videojob.runtimeVolumes" -}}
+- name: data
+{{- if .Values.persistence.enabled }}
+  persistentVolumeClaim:
+    claimName: {{ include "videojob.claimName" . }}
+{{- else }}
+  emptyDir: {}
+{{- end }}
+- name: tmp
+  emptyDir: {}
+- name: dshm
+  emptyDir:
+    medium: Memory
+{{- end -}}
+
+{{- define "videojob.runtimeVolumeMounts" -}}
+- name: data
+  mountPath: {{ include "videojob.dataMountPath" . }}
+- name: tmp
+  mountPath: /tmp
+- name: dshm
+  mountPath: /dev/shm
+{{- end -}}
+
+{{/* Where the runtime finds local:// and pvc:// locations (runtime/videojob_runtime/locations.py). */}}
+{{- define "videojob.runtimeEnv" -}}
+{{- $data := include "videojob.dataMountPath" . -}}
+- name: HOME
+  value: /tmp
+- name: VIDEOJOB_VOLUMES_ROOT
+  value: {{ .Values.persistence.mountRoot | quote }}
+- name: VIDEOJOB_OUTPUT_ROOT
+  value: {{ printf "%s/outputs" $data | quote }}
+- name: VIDEOJOB_MODEL_ROOT
+  value: {{ printf "%s/models" $data | quote }}
+- name: VIDEOJOB_DATA_ROOT
+  value: {{ printf "%s/inputs" $data | quote }}
+- name: HF_HOME
+  value: {{ printf "%s/huggingface" $data | quote }}
+- name: HF_HUB_OFFLINE
+  value: "1"
+{{- with .Values.runtime.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Ray's token auth in every Ray container of the rendered cluster (kuberay mode, when a token Secret is named). */}}
+{{- define "videojob.rayAuthEnv" -}}
+{{- if .Values.ray.auth.existingSecret -}}
+- name: RAY_AUTH_MODE
+  value: token
+- name: RAY_AUTH_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.ray.auth.existingSecret }}
+      key: {{ .Values.ray.auth.secretKey }}
+{{- end -}}
+{{- end -}}
+
+{{/* The namespaces watched: none (cluster-wide), or the listed ones, or the release namespace. */}}
+{{- define "videojob.watchNamespaces" -}}
+{{- if not .Values.watch.clusterWide -}}
+{{- if .Values.watch.namespaces -}}
+{{- join "," .Values.watch.namespaces -}}
+{{- else -}}
+{{- .Release.Namespace -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,100 @@
+"""The README is the front door: what it shows must be what the repository has."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from helpers import REPO
+
+README = (REPO / "README.md").read_text()
+
+
+def _section(title: str) -> str:
+    start = README.index(f"## {title}")
+    end = README.find("\n## ", start + 3)
+    return README[start:end if end != -1 else None]
+
+
+def test_the_architecture_picture_is_there():
+    assert "![architecture](docs/architecture.png)" in README
+    png = (REPO / "docs" / "architecture.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's dot is not installed (apt-get install graphviz)")
+def test_the_architecture_source_renders():
+    result = subprocess.run(["dot", "-Tcanon", str(REPO / "docs" / "architecture.dot")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for component in ("kube-apiserver", "kopf operator", "planner", "gang scheduler", "KubeRay", "Ray head", "PVC"):
+        assert component in result.stdout, component
+
+
+def test_the_gpu_cluster_example_is_the_values_file():
+    """The abridged values in "On a GPU cluster" agree with the file the
+    helm command installs (and the chart tests install)."""
+    section = _section("On a GPU cluster")
+    command = re.search(r"helm install videojob charts/videojob .*?-f (\S+)", section, re.S)
+    assert command, "the section's helm install names no values file"
+    values = yaml.safe_load((REPO / command.group(1)).read_text())
+    shown = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+
+    def subset(small, big, path="$"):
+        if isinstance(small, dict):
+            assert isinstance(big, dict), path
+            for key, value in small.items():
+                assert key in big, f"{path}.{key} is shown but not in {command.group(1)}"
+                subset(value, big[key], f"{path}.{key}")
+        elif isinstance(small, list):
+            assert isinstance(big, list) and len(small) == len(big), path
+            for i, (a, b) in enumerate(zip(small, big)):
+                subset(a, b, f"{path}[{i}]")
+        else:
+            assert small == big, f"{path}: README shows {small!r}, the file has {big!r}"
+
+    subset(shown, values)
+
+
+def test_make_targets_the_readme_names_exist():
+    makefiles = (REPO / "Makefile").read_text() + (REPO / "hack" / "cluster.mk").read_text()
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*):", makefiles, re.M))
+    named = set(re.findall(r"`make ([a-z][a-z0-9-]*)", README)) | set(re.findall(r"^make ([a-z][a-z0-9-]*)", README, re.M))
+    assert named and named <= targets, f"the README names missing make targets: {sorted(named - targets)}"
+
+
+def test_paths_the_readme_names_exist():
+    paths = set(re.findall(r"`((?:charts|examples|hack|docs|benchmarks|tests|tools|operator|runtime|crds)/[\w./-]+)`",
+                           README))
+    missing = sorted(p for p in paths if not (REPO / p.rstrip("/")).exists() and "<" not in p and "*" not in p)
+    assert paths and not missing, f"the README names paths that do not exist: {missing}"
+
+
+def test_kind_e2e_says_so_where_it_cannot_run(tmp_path):
+    """Without a Docker daemon (or kind) the e2e script must exit 0 and say it
+    did not run, never claim a run. Run with a docker stub that fails as an
+    unreachable daemon does, so the answer is the same on every machine."""
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "docker").write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
+    (stub / "docker").chmod(0o755)
+
+    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}"}
+    result = subprocess.run(["bash", str(REPO / "hack" / "kind-e2e.sh")], capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1].startswith("SKIPPED: kind e2e not run"), result.stdout
+    assert "Succeeded" not in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed (apt-get install shellcheck)")
+def test_shell_scripts_pass_shellcheck():
+    scripts = [REPO / "hack" / "kind-e2e.sh", REPO / "hack" / "cluster" / "build-tools.sh",
+               REPO / "hack" / "cluster" / "build-gotool.sh"]
+    result = subprocess.run(["shellcheck", *map(str, scripts)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
