@@ -104,10 +104,14 @@ demo-cluster: venv cluster-up
 # (benchmarks/machine.py). gpu-*.json come from `make gpu-check` on a GPU machine.
 # operator_load.py starts (or reuses) the loopback cluster itself, like the tests
 # (it exits 1 only when jobs did not all come through; a missed rate goal is in its JSON).
+# stepcache_bench.py: step caches at the medium size (full-size widths, fewer layers;
+# configs.MEDIUM_SIZES), speed/quality/memory per family, policy and threshold, and SP2
+# (~12 min on 2 cores) -> stepcache.json and stepcache.png.
 bench: venv cluster-tools
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/planner_bench.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/scheduling_sim.py
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/runtime_bench.py
+	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/stepcache_bench.py
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/mp4_bench.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/crd_write_cost.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/operator_load.py
@@ -121,7 +125,7 @@ gpu-check: venv
 	VIDEOJOB_BENCH_TARGET="make gpu-check" $(PY) benchmarks/gpu_check.py
 
 gpu-check-dry-run: venv
-	OMP_NUM_THREADS=1 $(PY) benchmarks/gpu_check.py --dry-run --steps 2
+	OMP_NUM_THREADS=1 $(PY) benchmarks/gpu_check.py --dry-run
 
 # Re-measure the memory calibration table the planner reads (minutes on 2 cores),
 # and refit its constants to the published figures (videojob.planner.fit).

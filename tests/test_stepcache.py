@@ -269,3 +269,44 @@ def test_parallel_pipelines_agree_with_the_catalog():
     for model in CATALOG.values():
         for task in model.tasks:
             assert runs_parallel(model.id, task) == model.sequence_parallel, (model.id, task)
+
+
+class _ForwardingWrapper(torch.nn.Module):
+    """As xfuser's transformer wrappers: attributes it lacks come from the wrapped
+    model, and its forward is its own (it calls the model's parts, not its forward)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.module, name)
+
+    def forward(self, hidden_states):
+        return (self.module.proj(hidden_states),)
+
+
+def test_teacache_hooks_the_wrapper_not_the_wrapped_model():
+    """After a job, diffusers' cache contexts have given the wrapped model a hook
+    registry; the wrapper's attribute forwarding then offered that registry, the
+    TeaCache hook wrapped a forward nobody calls, and the cache silently did
+    nothing (found by benchmarks/stepcache_bench.py on xfuser's CogVideoX)."""
+    from diffusers.hooks import HookRegistry
+
+    from videojob_runtime.teacache import TeaCacheConfig, apply_teacache
+
+    inner = torch.nn.Module()
+    inner.proj = torch.nn.Linear(4, 4)
+    HookRegistry.check_if_exists_or_initialize(inner)
+    wrapper = _ForwardingWrapper(inner)
+    handle = apply_teacache(wrapper, TeaCacheConfig(threshold=1e9))
+    x = torch.randn(2, 4)
+    for _ in range(4):
+        wrapper(x)
+    assert handle.stats() == {"calls": 4, "evaluations": 1, "skipped": 3}
+    handle.remove()
+    wrapper(x)
+    assert handle.stats()["calls"] == 4

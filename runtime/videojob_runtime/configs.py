@@ -45,6 +45,11 @@ __all__ = [
     "model_ids",
     "default_dtype",
     "keep_fp32_param_names",
+    "MediumSize",
+    "MEDIUM_SIZES",
+    "medium_component_configs",
+    "medium_model",
+    "instantiate_component",
 ]
 
 
@@ -743,6 +748,111 @@ def default_dtype(model_id: str, name: str) -> str:
 
 
 # ---------------------------------------------------------------------------
+# Medium benchmark size (benchmarks/stepcache_bench.py)
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MediumSize:
+    """A full-size model cut down to run on a CPU in seconds per job.
+
+    The transformer is the published config (the registry's) with only the
+    sequence-length facts changed: ``layers`` blocks instead of all of them,
+    prompts of ``text_tokens`` tokens, and the positional tables sized for a
+    ``width`` x ``height`` x ``frames`` video. Every width stays the full
+    model's: heads, head dim, FFN, time and text embeddings, patching, the face
+    modules of ConsisID. The text encoder and VAE are the tiny layouts with the
+    widths the transformer reads from them (the text hidden size, the latent
+    channels and the VAE's published latent scaling), so a job encodes,
+    denoises and decodes with the full model's latent shapes.
+    """
+
+    layers: int
+    width: int
+    height: int
+    frames: int
+    text_tokens: int
+
+
+# At these widths the transformer is > 99% of the denoise stage even on a
+# 48-72 token video (measured: benchmarks/results/stepcache.json, "profile"),
+# so the sizes are set by time: a 10-step job in 6-16 s on one core (ConsisID,
+# 3072 wide, gets the smaller video), 4 layers so a first-block cache can skip
+# 3 of 4 blocks. CogVideoX/ConsisID split the latent height under sequence
+# parallel: the patch rows (height / 16) stay even.
+MEDIUM_SIZES: dict[str, MediumSize] = {
+    "cogvideox-2b": MediumSize(layers=4, width=96, height=64, frames=9, text_tokens=16),
+    "wan2.1-t2v-1.3b": MediumSize(layers=4, width=96, height=64, frames=9, text_tokens=16),
+    "consisid": MediumSize(layers=4, width=64, height=64, frames=9, text_tokens=16),
+}
+
+
+def _medium_size(model_id: str, size: MediumSize | None) -> MediumSize:
+    if size is not None:
+        return size
+    if model_id not in MEDIUM_SIZES:
+        raise KeyError(f"no medium size for {model_id!r}; known: {', '.join(MEDIUM_SIZES)}")
+    return MEDIUM_SIZES[model_id]
+
+
+def medium_model(model_id: str, size: MediumSize | None = None):
+    """The catalog entry of ``model_id`` with the medium size's layers and prompt
+    length: what the planner's memory and latency models read for a medium job."""
+    from dataclasses import replace
+
+    from videojob.catalog import get_model
+
+    size = _medium_size(model_id, size)
+    model = get_model(model_id)
+    return replace(model, arch=replace(model.arch, layers=size.layers, text_tokens=size.text_tokens))
+
+
+def medium_component_configs(model_id: str, size: MediumSize | None = None) -> dict[str, ComponentConfig]:
+    """The components of ``model_id`` at ``size`` (default ``MEDIUM_SIZES[model_id]``)."""
+    from videojob.catalog import Family, get_model
+
+    size = _medium_size(model_id, size)
+    model = get_model(model_id)
+    if model.tiny or model.arch.kind != "dit":
+        raise ValueError(f"medium sizes are for full-size DiTs, not {model_id}")
+    full = component_configs(model_id)
+    transformer = dict(full["transformer"].config)
+    transformer["num_layers"] = size.layers
+    src = f"videojob medium size of {model_id}: {size.layers} of {full['transformer'].config['num_layers']} layers"
+    arch = model.arch
+    if model.family in (Family.COGVIDEOX, Family.CONSISID):
+        # The text is a prefix of the joint sequence; sincos and learned
+        # positional tables are built for the sample size (learned ones pin it).
+        transformer.update(max_text_seq_length=size.text_tokens,
+                           sample_width=size.width // arch.vae_spatial,
+                           sample_height=size.height // arch.vae_spatial,
+                           sample_frames=size.frames)
+        text_width = transformer["text_embed_dim"]
+        full_vae = full["vae"].config
+        vae = ComponentConfig("AutoencoderKLCogVideoX", {
+            **_TINY_COGVIDEOX_VAE, "latent_channels": full_vae["latent_channels"],
+            "scaling_factor": full_vae["scaling_factor"]}, _TINY_SRC.format(layout="CogVideoX VAE") +
+            f", {full_vae['latent_channels']} latent channels")
+        te_class = "T5EncoderModel"
+    elif model.family == Family.WAN:
+        text_width = transformer["text_dim"]
+        full_vae = full["vae"].config
+        vae = ComponentConfig("AutoencoderKLWan", {
+            **_TINY_WAN_VAE, "z_dim": full_vae["z_dim"], "latents_mean": list(full_vae["latents_mean"]),
+            "latents_std": list(full_vae["latents_std"])}, _TINY_SRC.format(layout="Wan VAE") +
+            f", z_dim {full_vae['z_dim']}")
+        te_class = "UMT5EncoderModel"
+    else:
+        raise ValueError(f"no medium size for the {model.family.value} family")
+    return {
+        "text_encoder": ComponentConfig(te_class, {**_TINY_T5, "d_model": text_width},
+                                        _TINY_SRC.format(layout="T5") + f", d_model {text_width}", "transformers"),
+        "transformer": ComponentConfig(full["transformer"].class_name, transformer,
+                                       f"{src}; {full['transformer'].source}"),
+        "vae": vae,
+    }
+
+
+# ---------------------------------------------------------------------------
 # Building
 # ---------------------------------------------------------------------------
 
@@ -853,7 +963,11 @@ def build_component(model_id: str, name: str, dtype="bfloat16"):
     allocating it. Parameters the libraries keep in float32 on load are
     float32 here too (T5's ``wo`` in float16, Wan's norms and time embedder).
     """
-    comp = component_configs(model_id)[name]
+    return instantiate_component(component_configs(model_id)[name], dtype)
+
+
+def instantiate_component(comp: ComponentConfig, dtype="bfloat16"):
+    """``build_component`` for a config from anywhere (``medium_component_configs``)."""
     tdtype = _torch_dtype(dtype)
     with _default_dtype(tdtype):
         module = _instantiate(comp)

@@ -144,10 +144,54 @@ def build_tiny_pipeline(model_id: str, task: str, dtype: str = "float32", seed: 
         if transformer_class is not None:
             raise ValueError(f"{model_id} is a UNet model: it has no transformer to swap")
         return _build_tiny_unet_pipeline(model_id, task, dtype, seed)
+    return _build_dit_pipeline(model_id, task, dtype, seed, transformer_class,
+                               lambda name: build_component(model_id, name, dtype))
+
+
+# A JobRequest source meaning "the full-size model with random weights": how
+# `make gpu-check` measures memory and speed at full size with no download,
+# through the worker like any job. No VideoJob can ask for it: the API admits
+# only hf://, pvc:// and local:// sources (api rules; tests/test_gpu_check_dry_run.py).
+RANDOM_WEIGHTS = "random-weights:"
+
+
+def build_random_pipeline(model_id: str, task: str, dtype: str = "bfloat16", seed: int = 0,
+                          transformer_class: type | None = None, init_device: str | None = None):
+    """A full-size DiT pipeline with random weights, each component made on
+    ``init_device`` (the GPU when there is one: seconds, not minutes, for billions
+    of parameters) and kept on the host, where a loaded model starts. ``"meta"``
+    builds shapes only (no memory), for checks of the full-size structure."""
+    model = get_model(model_id)
+    if model.family in (Family.I2VGEN_XL, Family.ANIMATEDIFF):
+        raise ValueError(f"{model_id} is a UNet model: random full-size weights are built for DiTs only")
+    device = init_device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+    def build(name: str):
+        with torch.device(device):
+            module = build_component(model_id, name, dtype)
+        return module if device in ("cpu", "meta") else module.to("cpu")
+
+    return _build_dit_pipeline(model_id, task, dtype, seed, transformer_class, build)
+
+
+def build_medium_pipeline(model_id: str, task: str, dtype: str = "float32", seed: int = 0,
+                          transformer_class: type | None = None, size=None):
+    """A full-size DiT at its medium benchmark size (``configs.MEDIUM_SIZES``:
+    the published transformer with fewer layers), random weights seeded as the
+    tiny ones are. Prompts must be encoded at ``size.text_tokens``."""
+    from .configs import instantiate_component, medium_component_configs
+
+    comps = medium_component_configs(model_id, size)
+    return _build_dit_pipeline(model_id, task, dtype, seed, transformer_class,
+                               lambda name: instantiate_component(comps[name], dtype))
+
+
+def _build_dit_pipeline(model_id: str, task: str, dtype: str, seed: int, transformer_class, build):
+    model = get_model(model_id)
     parts: dict[str, Any] = {}
     for offset, name in enumerate(("text_encoder", "transformer", "vae")):
         torch.manual_seed(seed + offset)
-        parts[name] = build_component(model_id, name, dtype).eval()
+        parts[name] = build(name).eval()
     if transformer_class is not None:
         plain = parts["transformer"]
         config = {k: v for k, v in plain.config.items() if not k.startswith("_")}
@@ -267,11 +311,18 @@ def _load_animatediff(model_id: str, source: str | None, dtype: str):
 
 
 def load_pipeline(model_id: str, task: str, dtype: str, source: str | None = None, seed: int = 0,
-                  transformer_class: type | None = None):
-    """The pipeline for a job: tiny models are built, real ones loaded."""
+                  transformer_class: type | None = None, size: str = "full"):
+    """The pipeline for a job: tiny models are built, real ones loaded;
+    ``size="medium"`` builds a real model at its benchmark size instead."""
     model = get_model(model_id)
+    if size == "medium":
+        return build_medium_pipeline(model_id, task, dtype, seed, transformer_class)
+    if size != "full":
+        raise ValueError(f"load_pipeline size must be 'full' or 'medium', got {size!r}")
     if model.tiny:
         return build_tiny_pipeline(model_id, task, dtype, seed, transformer_class)
+    if source == RANDOM_WEIGHTS:
+        return build_random_pipeline(model_id, task, dtype, seed, transformer_class)
     if model.family == Family.ANIMATEDIFF:
         return _load_animatediff(model_id, source, dtype)
     path = resolve_source(model_id, source)
@@ -284,11 +335,12 @@ def load_pipeline(model_id: str, task: str, dtype: str, source: str | None = Non
 
 def build_parallel_pipeline(model_id: str, task: str, dtype: str, source: str | None, seed: int, *,
                             ulysses: int, ring: int, cfg: int, on_cpu: bool, width: int, height: int,
-                            frames: int, steps: int):
+                            frames: int, steps: int, size: str = "full"):
     """The pipeline for a multi-rank layout, wrapped the way xfuser runs this family.
 
     torch.distributed and xfuser's parallel groups must be up (``distributed``);
-    the caller applies memory strategies afterwards (``strategies.order``)."""
+    the caller applies memory strategies afterwards (``strategies.order``).
+    ``size``: as ``load_pipeline``'s (the benchmarks' medium size)."""
     kind_and_name = _PARALLEL.get((get_model(model_id).family, task))
     if kind_and_name is None:
         from .errors import JobFailure
@@ -308,11 +360,12 @@ def build_parallel_pipeline(model_id: str, task: str, dtype: str, source: str | 
     if kind == "wrapper":
         import xfuser
 
-        return getattr(xfuser, name)(load_pipeline(model_id, task, dtype, source, seed), engine_config)
+        return getattr(xfuser, name)(load_pipeline(model_id, task, dtype, source, seed, size=size), engine_config)
     from xfuser.core.distributed import initialize_runtime_state
     from xfuser.model_executor.models.transformers import transformer_wan
 
-    pipe = load_pipeline(model_id, task, dtype, source, seed, transformer_class=getattr(transformer_wan, name))
+    pipe = load_pipeline(model_id, task, dtype, source, seed, transformer_class=getattr(transformer_wan, name),
+                         size=size)
     initialize_runtime_state(pipe, engine_config)
     return pipe
 

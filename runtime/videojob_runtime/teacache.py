@@ -97,7 +97,7 @@ class TeaCacheHandle:
         self._calls_per_step = config.calls_per_step
         self._counts = {"calls": 0, "evaluations": 0, "skipped": 0}
         self._removed = False
-        registry = HookRegistry.check_if_exists_or_initialize(transformer)
+        registry = _own_registry(transformer)
         if registry.get_hook(HOOK_NAME) is not None:
             raise ValueError("TeaCacheConfig: this transformer already has a TeaCache; remove it first")
         self._hook = _TeaCacheHook(self)
@@ -116,7 +116,7 @@ class TeaCacheHandle:
     def remove(self) -> None:
         if self._removed:
             return
-        HookRegistry.check_if_exists_or_initialize(self.transformer).remove_hook(HOOK_NAME, recurse=False)
+        _own_registry(self.transformer).remove_hook(HOOK_NAME, recurse=False)
         self._removed = True
 
     def _branch_key(self, contexts: StateManager) -> str:
@@ -154,6 +154,20 @@ class TeaCacheHandle:
         branch.output = output
         self._counts["evaluations"] += 1
         return output
+
+
+def _own_registry(module) -> HookRegistry:
+    """``module``'s own hook registry. Not ``HookRegistry.check_if_exists_or_initialize``:
+    xfuser's wrappers forward unknown attributes to the model they wrap, so on a
+    wrapper whose pipeline has run a job (diffusers' cache contexts then gave
+    the wrapped model a registry) it returns the wrapped model's registry, and
+    the hook wraps a ``forward`` the wrapper never calls: the cache silently
+    does nothing (measured on xfuser's CogVideoX wrapper, stepcache_bench)."""
+    registry = module.__dict__.get("_diffusers_hook")
+    if registry is None:
+        registry = HookRegistry(module)
+        module._diffusers_hook = registry
+    return registry
 
 
 def apply_teacache(transformer, config: TeaCacheConfig) -> TeaCacheHandle:
