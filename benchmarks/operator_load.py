@@ -642,6 +642,13 @@ def run(args: argparse.Namespace) -> int:
                 "etcdCpuSecondsUntilAllSucceeded": cpu_delta(2, end, etcd_cpu0),
             },
             "benchmarkProcessCpuSecondsUntilAllQueued": round(bench_cpu_queued, 1),
+            # Events lag behind status when posting is throttled: how many had reached
+            # the API server by each milestone, of those the operator queued for posting.
+            "events": {
+                "queuedByOperator": sum((stats_end.get("events") or {}).values()),
+                "postedUntilAllQueued": delta(requests_queued, requests0).get("POST events 201", 0),
+                "postedUntilAllSucceeded": delta(requests_end, requests0).get("POST events 201", 0),
+            },
             "perJobSecondsFromItsCreate": {
                 "kopfFinalizerAdded": latency(created, tracker.finalized),
                 "firstStatusWrite": latency(created, tracker.first_status),

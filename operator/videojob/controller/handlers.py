@@ -17,7 +17,8 @@ from ..settings import OperatorSettings
 from .operator import Controller, object_ref
 
 FINALIZER = f"{API_GROUP}/finalizer"
-EVENT_POSTERS = 8
+EVENT_POSTERS = 32
+EVENT_POSTER_IDLE_S = 0.05
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -60,10 +61,13 @@ def build_registry(settings: OperatorSettings, controller: Controller | None = N
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
         settings.persistence.diffbase_storage = NoDiffBase()
         settings.posting.level = logging.WARNING  # our own events say what happens; kopf's only when wrong
-        # Events are posted by a few tasks, not one per job: kopf's connection pool has
-        # no limit, so hundreds of concurrent posts opened (and TLS-handshook) hundreds
-        # of connections, 18% of the operator's CPU under 1,000 new jobs (py-spy --gil).
+        # Events are posted by a bounded set of tasks, not one per job: kopf's connection
+        # pool has no limit, so hundreds of concurrent posts opened (and TLS-handshook)
+        # hundreds of connections, 18% of the operator's CPU under 1,000 new jobs
+        # (py-spy --gil). A poster serves one job's events and lingers idle_timeout for
+        # more: kopf's 1 s default would cap posting at EVENT_POSTERS jobs per second.
         settings.posting.worker_limit = EVENT_POSTERS
+        settings.posting.idle_timeout = EVENT_POSTER_IDLE_S
         # The resources are known: no discovery watches (they would need RBAC on CRDs and namespaces).
         settings.scanning.disabled = True
         # A deleted job's daemon notices its stop flag at once (it waits on it);
