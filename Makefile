@@ -104,6 +104,8 @@ demo-cluster: venv cluster-up
 # (benchmarks/machine.py). gpu-*.json come from `make gpu-check` on a GPU machine.
 # operator_load.py starts (or reuses) the loopback cluster itself, like the tests
 # (it exits 1 only when jobs did not all come through; a missed rate goal is in its JSON).
+# runtime_bench.py: actor-group overhead and cold vs warm, tiny models and CogVideoX-2b at the
+# medium size through `videojob run`'s path vs the diffusers pipeline (runtime.json).
 # stepcache_bench.py: step caches at the medium size (full-size widths, fewer layers;
 # configs.MEDIUM_SIZES), speed/quality/memory per family, policy and threshold, and SP2
 # (~12 min on 2 cores) -> stepcache.json and stepcache.png.

@@ -1,6 +1,8 @@
-"""Runtime benchmark on the CPU with tiny models (goal: actor-group overhead <= 5%).
+"""Runtime benchmark on the CPU: actor-group overhead (goal <= 5%) and cold vs warm latency.
 
-Side by side in one run, same job, same weights:
+Two sections, both in benchmarks/results/runtime.json.
+
+Tiny (the top-level keys): side by side in one run, same job, same weights:
   direct          the diffusers pipeline called in this process
   group           the same job through a one-rank Ray actor group (after Ray start)
   cold / warm     the first job on a fresh group (it loads the weights) and the
@@ -10,16 +12,40 @@ Side by side in one run, same job, same weights:
   decode offload  the denoiser moved to the host for the decode and back for the
                   next job, on vs off on the group: wall time, the worker's own
                   park/restore seconds, identical frames, and the planner's figure
+
+Medium (the "medium" key): CogVideoX-2b at its medium benchmark size
+(configs.MEDIUM_SIZES: the published transformer widths, 4 layers, random
+weights; the transformer is most of the job, "transformerShare" says how much),
+one rank, the same job and seed two ways, interleaved, medians of --repeats:
+  direct          the diffusers pipeline called in this process
+  group           the path ``videojob run`` takes (runtime/local.py): embedded
+                  Ray, a one-rank actor group started with RunSettings, the job
+                  as the driver sends it (CPU memory tracking on, its default),
+                  progress polled through an on_progress callback, the video,
+                  poster and result JSON written to an output directory
+  cold / warm     for both, measured the same way: direct cold = building the
+                  pipeline + the first call; group cold = the group's start +
+                  the first group.run (its weight load included); warm = the
+                  median of the interleaved runs after those
+overhead = (group - direct) / direct on the warm medians.
+
+  python benchmarks/runtime_bench.py                        # both sections (make bench)
+  python benchmarks/runtime_bench.py --size medium          # one section; the other's keys are kept
+  python benchmarks/runtime_bench.py --size medium --dry-run --out X.json   # tiny model, same code path
 Writes benchmarks/results/runtime.json (machine.write_result: commit, machine, command).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,7 +53,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from machine import write_result  # noqa: E402
+from machine import RESULTS, write_result  # noqa: E402
 from videojob.catalog import get_model  # noqa: E402
 from videojob.planner import GiB, Job, Layout, load_calibration  # noqa: E402
 from videojob.planner.latency import LatencyModel  # noqa: E402
@@ -89,7 +115,8 @@ def planner_decode_offload(model_id: str, width: int, height: int, frames: int, 
             "decodeGiBWith": round(memory.estimate(on).stage_total("decode") / GiB, 2)}
 
 
-def main() -> int:
+def bench_tiny() -> dict:
+    """The tiny section: the top-level keys of runtime.json."""
     import torch
 
     torch.set_num_threads(1)
@@ -167,7 +194,6 @@ def main() -> int:
 
     overhead = warm_s / direct_s - 1
     result = {
-        "benchmark": "runtime",
         "job": {k: v for k, v in vars(JOB).items() if k in ("model_id", "width", "height", "frames", "steps")},
         "directSeconds": round(direct_s, 4),
         "groupSeconds": round(warm_s, 4),
@@ -195,9 +221,262 @@ def main() -> int:
                  "that copy nothing; the measured cost is the strategy's overhead, and 'planner' gives the "
                  "planner's seconds for a real move (model_offload_bytes_per_s, an assumed constant).",
     }
-    out = write_result("runtime.json", result)
     print(json.dumps({k: v for k, v in result.items() if k not in ("samples",)}, indent=2))
-    print(f"wrote {out}")
+    return result
+
+
+# -- medium size: videojob run's path vs the diffusers pipeline --------------------------------
+
+MEDIUM_MODEL = "cogvideox-2b"
+MEDIUM_STEPS = 10  # as benchmarks/stepcache_bench.py: a job of ~7 s on one core
+DRY_MODEL, DRY_STEPS, DRY_REPEATS, DRY_SETTLE_SECONDS = "tiny-cogvideox", 4, 3, 1.0
+MEDIUM_SEED = 0
+MEDIUM_PROMPT = "a red fox in snow"  # 14 tokens of the tiny tokenizer: within the 16, none cut
+
+
+def medium_job(dry_run: bool, output_dir: str) -> tuple[JobRequest, int]:
+    """The medium job as ``videojob run`` would send it (the JobRequest defaults its
+    driver leaves: CPU memory tracking on), and the prompt length it is encoded at.
+    Dry run: the tiny CogVideoX at its catalog size, same code path."""
+    from videojob_runtime.configs import MEDIUM_SIZES, medium_model
+
+    if dry_run:
+        model = get_model(DRY_MODEL)
+        size, (width, height, frames), steps = "full", (model.native_width, model.native_height, 9), DRY_STEPS
+        text_tokens = model.arch.text_tokens
+    else:
+        model, medium = get_model(MEDIUM_MODEL), MEDIUM_SIZES[MEDIUM_MODEL]
+        size, (width, height, frames), steps = "medium", (medium.width, medium.height, medium.frames), MEDIUM_STEPS
+        text_tokens = medium_model(MEDIUM_MODEL).arch.text_tokens
+    req = JobRequest(job_id="bench-medium", model_id=model.id, task="t2v", prompt=MEDIUM_PROMPT, width=width,
+                     height=height, frames=frames, fps=8, steps=steps, guidance=model.default_guidance,
+                     seed=MEDIUM_SEED, dtype="float32", output_dir=output_dir, output_name="bench-medium",
+                     size=size)
+    return req, text_tokens
+
+
+class ProgressPoller:
+    """What ``videojob run``'s progress bar does with each poll, into a string instead of the terminal."""
+
+    def __init__(self):
+        self.polls, self.last = 0, ""
+
+    def __call__(self, progress: dict) -> None:
+        steps, done = progress.get("steps") or 0, progress.get("step") or 0
+        filled = int(30 * done / steps) if steps else 0
+        stage = progress.get("stage") or progress.get("state", "")
+        self.last = f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{steps} steps  {stage:<8}"
+        self.polls += 1
+
+
+def transformer_share(pipe, call) -> dict:
+    """One instrumented direct call (not among the timed ones): the transformer's
+    seconds against the whole call's and the denoising loop's."""
+    from videojob_runtime.pipelines import denoiser
+
+    tr = denoiser(pipe)
+    state = {"t": 0.0, "first": None, "in": 0.0}
+
+    def pre(_m, _a, _k):
+        state["in"] = time.perf_counter()
+        state["first"] = state["first"] or state["in"]
+
+    def post(_m, _a, _k, _o):
+        state["t"] += time.perf_counter() - state["in"]
+        state["last"] = time.perf_counter()
+
+    hooks = [tr.register_forward_pre_hook(pre, with_kwargs=True), tr.register_forward_hook(post, with_kwargs=True)]
+    try:
+        call_s, _ = timed(call)
+    finally:
+        for h in hooks:
+            h.remove()
+    loop_s = state["last"] - state["first"]
+    return {"transformerSeconds": round(state["t"], 3), "denoiseLoopSeconds": round(loop_s, 3),
+            "callSeconds": round(call_s, 3), "transformerShareOfDenoise": round(state["t"] / loop_s, 4),
+            "transformerShareOfJob": round(state["t"] / call_s, 4)}
+
+
+def bench_medium(dry_run: bool = False, repeats: int | None = None) -> dict:
+    """The medium section: the "medium" key of runtime.json."""
+    import torch
+    from videojob.settings import RunSettings
+    from videojob_runtime.group import group_name
+    from videojob_runtime.output import frames_digest, to_uint8
+    from videojob_runtime.pipelines import load_pipeline
+
+    torch.set_num_threads(1)
+    repeats = repeats or (DRY_REPEATS if dry_run else REPEATS)
+    settle = DRY_SETTLE_SECONDS if dry_run else SETTLE_SECONDS
+    settings = RunSettings()
+    out_dir = tempfile.mkdtemp(prefix="vj-bench-out-")
+    job, text_tokens = medium_job(dry_run, out_dir)
+    untracked = replace(job, track_memory=False)
+
+    def build():
+        pipe = load_pipeline(job.model_id, job.task, job.dtype, seed=job.seed, size=job.size)
+        pipe.set_progress_bar_config(disable=True)  # the worker's is off too
+        return pipe
+
+    def call(pipe):
+        return pipe(prompt=job.prompt, negative_prompt=job.negative_prompt, height=job.height, width=job.width,
+                    num_frames=job.frames, num_inference_steps=job.steps, guidance_scale=job.guidance,
+                    output_type="np", max_sequence_length=text_tokens,
+                    generator=torch.Generator().manual_seed(job.seed)).frames[0]
+
+    polls: list[int] = []
+
+    def group_run(req: JobRequest) -> dict:
+        poller = ProgressPoller()
+        out = group.run(req, timeout_s=settings.job_timeout_s, on_progress=poller)
+        assert out["ok"], out
+        polls.append(poller.polls)
+        return out
+
+    # Ray first, then a pause, so both cold measurements see the same machine.
+    ray_s, ray_context = timed(lambda: embedded_ray(settings, num_cpus=os.cpu_count()))
+    ray_s += timed(ray_context.__enter__)[0]
+    time.sleep(settle)
+    group = None
+    try:
+        # Cold, direct: build the pipeline in this process, then its first call.
+        build_s, pipe = timed(build)
+        first_call_s, direct_frames = timed(lambda: call(pipe))
+        # Cold, group: as run_local starts it, then the first job (which loads the weights).
+        spec = GroupSpec(name=group_name(str(uuid.uuid4())), ulysses=1, device="cpu")
+        start_s, group = timed(lambda: ActorGroup.start(spec, timeout_s=settings.placement_timeout_s,
+                                                        cpus_per_rank=settings.cpus_per_rank))
+        time.sleep(settle)  # Ray's own worker start-up after an actor starts (see SETTLE_SECONDS)
+        first_job_s, cold = timed(lambda: group_run(job))
+
+        # Warm: interleaved, the order rotated every round so drift hits each alike.
+        configs = {"direct": lambda: call(pipe), "group": lambda: group_run(job),
+                   "groupUntracked": lambda: group_run(untracked)}
+        names = list(configs)
+        samples: dict[str, list[float]] = {name: [] for name in names}
+        outs: list[dict] = []
+        for i in range(repeats):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                seconds, out = timed(configs[name])
+                samples[name].append(seconds)
+                if name == "group":
+                    outs.append(out)
+        share = transformer_share(pipe, lambda: call(pipe))
+    finally:
+        if group is not None:
+            group.teardown()
+        ray_context.__exit__(None, None, None)
+        written = sorted(p.name for p in Path(out_dir).iterdir())
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+    med = {name: statistics.median(times) for name, times in samples.items()}
+    overhead = med["group"] / med["direct"] - 1
+    stages = {stage: round(statistics.median(o["timings"][stage] for o in outs), 4)
+              for stage in ("load", "encode", "denoise", "decode", "write")}
+    model = get_model(job.model_id)
+    if job.size == "medium":
+        from videojob_runtime.configs import MEDIUM_SIZES
+
+        layers = MEDIUM_SIZES[job.model_id].layers
+    else:
+        layers = model.arch.layers
+    direct_cold, group_cold = build_s + first_call_s, start_s + first_job_s
+    return {
+        "dryRun": dry_run,
+        "job": {"model_id": job.model_id, "size": job.size, "task": job.task, "width": job.width,
+                "height": job.height, "frames": job.frames, "steps": job.steps, "guidance": job.guidance,
+                "seed": job.seed, "dtype": job.dtype, "textTokens": text_tokens, "layers": layers,
+                "publishedLayers": model.arch.layers, "attentionHeads": model.attention_heads,
+                "headDim": model.arch.head_dim},
+        "repeats": repeats,
+        "directSeconds": round(med["direct"], 4),
+        "groupSeconds": round(med["group"], 4),
+        "overhead": round(overhead, 4),
+        "goalOverhead": 0.05,
+        "goalMet": overhead <= 0.05,
+        # A busy shared machine only ever adds time: the fastest runs are the other view.
+        "overheadOfFastestRuns": round(min(samples["group"]) / min(samples["direct"]) - 1, 4),
+        "groupSecondsWithoutMemoryTracking": round(med["groupUntracked"], 4),
+        "overheadWithoutMemoryTracking": round(med["groupUntracked"] / med["direct"] - 1, 4),
+        "coldVsWarm": {
+            "direct": {"buildSeconds": round(build_s, 3), "firstCallSeconds": round(first_call_s, 3),
+                       "coldSeconds": round(direct_cold, 3), "warmSeconds": round(med["direct"], 3),
+                       "coldOverWarm": round(direct_cold / med["direct"], 2)},
+            "group": {"groupStartSeconds": round(start_s, 3), "firstJobSeconds": round(first_job_s, 3),
+                      "loadSeconds": round(cold["timings"]["load"], 3), "coldSeconds": round(group_cold, 3),
+                      "warmSeconds": round(med["group"], 3), "coldOverWarm": round(group_cold / med["group"], 2),
+                      "rayStartSeconds": round(ray_s, 2),
+                      "coldWithRayStartSeconds": round(ray_s + group_cold, 3)},
+        },
+        "warmReused": all(o["reused_all"] for o in outs) and not cold["reused_all"],
+        "groupStageSecondsMedian": stages,
+        "transformerShare": share,
+        "progressPollsPerJob": statistics.median(polls),
+        "outputsWritten": written,
+        "sameFrames": frames_digest(to_uint8(direct_frames)) == cold["frames_digest"]
+        and all(o["frames_digest"] == cold["frames_digest"] for o in outs),
+        "samples": {name: [round(t, 4) for t in times] for name, times in samples.items()},
+        "notes": "direct = the diffusers pipeline called in this process (progress bar off, as the worker's); "
+                 "group = the same job (same weights: the same seeded build, same seed) through the path "
+                 "`videojob run` takes (runtime/local.py): embedded Ray with RunSettings, a one-rank actor group, "
+                 "group.run polling progress every 0.2 s into the progress bar's formatter, the mp4, poster "
+                 "and result JSON written to an output directory, CPU memory tracking on as the driver leaves "
+                 "it (groupUntracked: off). The worker also encodes the prompt before the call, skips the "
+                 "CogVideoX VAE's unread conv cache and runs under inference_mode, as every job does. Warm runs "
+                 f"interleaved, order rotated each round, {repeats} each; overhead = (group - direct) / direct "
+                 "on the medians. Cold: direct = building the pipeline + its first call in this process (its "
+                 "libraries already imported); group = ActorGroup.start (the actor process, its imports) + the "
+                 "first group.run (the weight load included); both after a "
+                 f"{settle:g} s pause that lets Ray's own start-up finish; Ray's start is apart "
+                 "(rayStartSeconds; coldWithRayStartSeconds adds it). transformerShare: one extra, "
+                 "instrumented direct call.",
+    }
+
+
+HEADER = ("benchmark", "commit", "dirty", "changedPaths", "machine", "command", "date")
+
+
+def merged(result: dict, sections: list[str], out: Path) -> dict:
+    """A one-section run keeps the other section's keys from the file it replaces,
+    and says where they came from (their own commit, date and command)."""
+    if len(sections) == 2 or not out.exists():
+        return result
+    old = json.loads(out.read_text())
+    if "medium" in sections:
+        kept = {k: v for k, v in old.items() if k not in HEADER and k not in ("medium", "kept")}
+        result = {**kept, **result}
+    elif "medium" in old:
+        result = {**result, "medium": old["medium"]}
+    else:
+        return result
+    other = "tiny" if "medium" in sections else "medium"
+    previous = old.get("kept") or {}
+    source = previous["from"] if previous.get("section") == other else {
+        k: old.get(k) for k in ("commit", "dirty", "date", "command")}
+    result["kept"] = {"section": other, "from": source}
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=("tiny", "medium", "all"), default="all",
+                        help="the section(s) to run (default both; one section keeps the other's keys in --out)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="the medium section on the tiny CogVideoX (4 steps, 3 repeats): same code path")
+    parser.add_argument("--repeats", type=int, help=f"warm runs of each kind, medium section (default {REPEATS})")
+    parser.add_argument("--out", help="result file (default benchmarks/results/runtime.json)")
+    args = parser.parse_args(argv)
+    sections = ["tiny", "medium"] if args.size == "all" else [args.size]
+    out = Path(args.out) if args.out else RESULTS / "runtime.json"
+    result: dict = {"benchmark": "runtime"}
+    if "tiny" in sections:
+        result.update(bench_tiny())
+    if "medium" in sections:
+        medium = bench_medium(args.dry_run, args.repeats)
+        result["medium"] = medium
+        print(json.dumps({k: v for k, v in medium.items() if k not in ("samples", "notes")}, indent=2))
+    written = write_result(out.name, merged(result, sections, out), out)
+    print(f"wrote {written}")
     return 0
 
 

@@ -281,6 +281,9 @@ def job_request(request: DriverRequest):
     job = dict(request.job)
     if job.get("output_dir") is not None:
         raise ValueError("job.output_dir is the driver's to set: send output_uri instead")
+    if job.get("size", "full") != "full":
+        raise ValueError("job.size is the benchmarks' (a medium-size model with random weights): "
+                         "no VideoJob runs at it")
     uri = request.output_uri or f"local://{request.namespace}/{request.name}"
     output_dir = resolve(uri, "output", "spec.output.uri")
     _check_writable(output_dir, uri)

