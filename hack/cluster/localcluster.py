@@ -693,6 +693,18 @@ def nodes_ready(state: dict, paths: Paths, names: list[str]) -> bool:
     return True
 
 
+
+def start_and_wait(state: dict, paths: Paths, name: str, argv: list[str], health_url: str,
+                   ctx: ssl.SSLContext | None = None, timeout: float = 60) -> subprocess.Popen:
+    """Start one component, record its pid in the state (so `down` stops it even
+    if the wait fails), and wait until ``health_url`` answers ok."""
+    proc = start_process(name, argv, paths.log(name))
+    state["pids"][name] = proc.pid
+    write_state(paths, state)
+    wait_until(f"{name} {health_url} to return ok", lambda: http_ok(health_url, ctx)[0],
+               timeout, proc, paths.log(name))
+    return proc
+
 def start_full(paths: Paths, state: dict, full: FullTools, timeout: float) -> None:
     """Start kube-scheduler, apply KubeRay's CRDs, start kwok, create the fake
     nodes and wait until they are Ready, start the KubeRay operator."""
@@ -713,7 +725,7 @@ def start_full(paths: Paths, state: dict, full: FullTools, timeout: float) -> No
     write_kubeconfig(paths.scheduler_kubeconfig, state["server"], pki / "ca.crt",
                      cert_user(pki, "scheduler"), "system:kube-scheduler")
     cfg = str(paths.scheduler_kubeconfig)
-    proc = start_process("kube-scheduler", [
+    start_and_wait(state, paths, "kube-scheduler", [
         str(full.kube_scheduler),
         f"--kubeconfig={cfg}",
         f"--authentication-kubeconfig={cfg}",
@@ -724,12 +736,7 @@ def start_full(paths: Paths, state: dict, full: FullTools, timeout: float) -> No
         "--leader-elect=false",
         "--profiling=false",
         "--v=1",
-    ], paths.log("kube-scheduler"))
-    state["pids"]["kube-scheduler"] = proc.pid
-    write_state(paths, state)
-    url = f"https://127.0.0.1:{sched_port}/healthz"
-    wait_until(f"kube-scheduler {url} to return ok", lambda: http_ok(url, insecure_ctx())[0],
-               60, proc, paths.log("kube-scheduler"))
+    ], f"https://127.0.0.1:{sched_port}/healthz", insecure_ctx())
 
     # ---- KubeRay CRDs (server-side: client-side apply hits the annotation size limit)
     kubectl(state, "apply", "--server-side", "--force-conflicts",
@@ -740,7 +747,7 @@ def start_full(paths: Paths, state: dict, full: FullTools, timeout: float) -> No
                lambda: all(crd_established(state, paths, c) for c in crds), 60, interval=0.5)
 
     # ---- kwok: fakes the kubelet of every node with the annotation
-    proc = start_process("kwok", [
+    proc = start_and_wait(state, paths, "kwok", [
         str(full.kwok),
         f"--config={full.stages}",
         f"--kubeconfig={state['kubeconfig']}",
@@ -748,11 +755,7 @@ def start_full(paths: Paths, state: dict, full: FullTools, timeout: float) -> No
         f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}",
         f"--server-address=127.0.0.1:{kwok_port}",
         f"--cidr={KWOK_POD_CIDR}",
-    ], paths.log("kwok"))
-    state["pids"]["kwok"] = proc.pid
-    write_state(paths, state)
-    url = f"http://127.0.0.1:{kwok_port}/healthz"
-    wait_until(f"kwok {url} to return ok", lambda: http_ok(url, None)[0], 60, proc, paths.log("kwok"))
+    ], f"http://127.0.0.1:{kwok_port}/healthz")
 
     # ---- fake nodes
     names = create_fake_nodes(state, paths, full.fake_nodes)
@@ -764,19 +767,14 @@ def start_full(paths: Paths, state: dict, full: FullTools, timeout: float) -> No
     log(f"{len(names)} fake nodes Ready after {time.monotonic() - t0:.1f}s")
 
     # ---- KubeRay operator, all namespaces, no webhooks, as admin
-    proc = start_process("kuberay-operator", [
+    start_and_wait(state, paths, "kuberay-operator", [
         str(full.kuberay),
         f"--kubeconfig={state['kubeconfig']}",
         f"--metrics-addr=127.0.0.1:{kr_metrics}",
         f"--health-probe-bind-address=127.0.0.1:{kr_probe}",
         "--enable-leader-election=false",
         "--log-stdout-encoder=console",
-    ], paths.log("kuberay-operator"))
-    state["pids"]["kuberay-operator"] = proc.pid
-    write_state(paths, state)
-    url = f"http://127.0.0.1:{kr_probe}/readyz"
-    wait_until(f"KubeRay operator {url} to return ok", lambda: http_ok(url, None)[0],
-               60, proc, paths.log("kuberay-operator"))
+    ], f"http://127.0.0.1:{kr_probe}/readyz")
     log(f"full mode (scheduler, kwok, {len(names)} fake nodes, KubeRay {full.kuberay_version}) "
         f"up after {time.monotonic() - t0:.1f}s")
 
