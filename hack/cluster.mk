@@ -1,6 +1,8 @@
 # Loopback Kubernetes control plane for tests (etcd + kube-apiserver +
 # kube-controller-manager as local processes; no Docker). Included by the main
-# Makefile; also usable alone: `make -f hack/cluster.mk cluster-up`.
+# Makefile; also usable alone: `make -f hack/cluster.mk cluster-up`. The code:
+# hack/cluster/localcluster.py (entry point) and hack/cluster/lc/ (one module per
+# component; lc/cluster.py lists them in start order).
 #
 #   cluster-tools   build the binaries from tools/, tools/kwok and tools/kuberay
 #                   into ~/.cache/videojob (cached); cluster-tools-base: tools/ only
