@@ -12,6 +12,9 @@
 #   cluster-full-up / cluster-full-down
 #                   the full cluster (kube-scheduler, KWOK fake GPU nodes, KubeRay)
 #                   in .cluster-full/ (tests/test_cluster_full.py starts its own)
+#   cluster-e2e-up / cluster-e2e-down
+#                   the full cluster whose pods really run: the pod runner instead of
+#                   KWOK (needs root), in .cluster-e2e/ (tests/test_cluster_e2e.py)
 #
 # export KUBECONFIG=$(CURDIR)/.cluster/kubeconfig to use it by hand; kubectl is in
 # the bin dir printed by `make cluster-tools`.
@@ -22,7 +25,8 @@ PYTHON ?= python3
 CLUSTER_HACK := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))/cluster
 CLUSTER_PY := $(CLUSTER_HACK)/localcluster.py
 
-.PHONY: cluster-tools cluster-tools-base cluster-up cluster-down cluster-status cluster-full-up cluster-full-down
+.PHONY: cluster-tools cluster-tools-base cluster-up cluster-down cluster-status cluster-full-up cluster-full-down \
+	cluster-e2e-up cluster-e2e-down
 
 cluster-tools: cluster-tools-base
 	bash $(CLUSTER_HACK)/build-gotool.sh kwok
@@ -48,3 +52,11 @@ cluster-full-up: cluster-tools
 
 cluster-full-down:
 	$(PYTHON) $(CLUSTER_PY) --cluster-dir $(CLUSTER_FULL_DIR) down
+
+CLUSTER_E2E_DIR ?= $(CURDIR)/.cluster-e2e
+
+cluster-e2e-up: cluster-tools
+	$(PYTHON) $(CLUSTER_PY) --cluster-dir $(CLUSTER_E2E_DIR) up --full --pod-runner
+
+cluster-e2e-down:
+	$(PYTHON) $(CLUSTER_PY) --cluster-dir $(CLUSTER_E2E_DIR) down

@@ -18,6 +18,12 @@ full_cluster   session scope. The full cluster (`localcluster.py up --full`:
                tool_bin_dirs, fake_nodes, kuberay_version); stopped at the end
                unless it was started by hand (`make cluster-full-up`). Skips or
                fails like kube_cluster.
+e2e_cluster    session scope. The full cluster whose pods really run
+               (`localcluster.py up --full --pod-runner`: kube-scheduler, the
+               KubeRay operator and the pod runner, hack/cluster/podrunner, with
+               the nodes of hack/cluster/runner-nodes.yaml) in its own cluster dir,
+               $VIDEOJOB_E2E_CLUSTER_DIR or <repo>/.cluster-e2e. Needs root. An
+               E2ECluster; skips or fails like kube_cluster.
 full_namespace function scope. A fresh namespace in full_cluster; deleted
                afterwards, waiting (60 s at most) until it is gone, so the next
                test finds the fake nodes' GPUs free.
@@ -41,6 +47,7 @@ LOCALCLUSTER = REPO / "hack" / "cluster" / "localcluster.py"
 # Covers a cold build of the binaries (build-tools.sh) plus start-up.
 UP_TIMEOUT_S = float(os.environ.get("VIDEOJOB_CLUSTER_UP_TIMEOUT", "3600"))
 FULL_CLUSTER_DIR = Path(os.environ.get("VIDEOJOB_FULL_CLUSTER_DIR") or REPO / ".cluster-full")
+E2E_CLUSTER_DIR = Path(os.environ.get("VIDEOJOB_E2E_CLUSTER_DIR") or REPO / ".cluster-e2e")
 
 
 def _cluster_required() -> bool:
@@ -151,6 +158,28 @@ class FullCluster(KubeCluster):
         self.kuberay_version: str = state["kuberay"]["version"]
 
 
+class E2ECluster(KubeCluster):
+    """The full cluster with the pod runner (`localcluster.py up --full --pod-runner`):
+
+    kuberay_version  the KubeRay operator version running
+    runner           the pod runner's facts: state_dir, pod_cidr, image_map, nodes_file, venv
+    runner_state()   its state file (<state_dir>/runner.json): the pods it runs, their
+                     addresses, processes and logs
+    """
+
+    def __init__(self, state: dict):
+        super().__init__(state)
+        self.kuberay_version: str = state["kuberay"]["version"]
+        self.runner: dict = dict(state["pod_runner"])
+
+    def runner_state(self) -> dict:
+        path = Path(self.runner["state_dir"]) / "runner.json"
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests that use the cluster (directly or through `namespace`) get the
     `cluster` marker, so `-m "not cluster"` deselects them even when unmarked."""
@@ -159,7 +188,7 @@ def pytest_collection_modifyitems(config, items):
     if not registered:
         return
     for item in items:
-        if {"kube_cluster", "full_cluster"} & set(getattr(item, "fixturenames", ())):
+        if {"kube_cluster", "full_cluster", "e2e_cluster"} & set(getattr(item, "fixturenames", ())):
             item.add_marker("cluster")
 
 
@@ -210,6 +239,17 @@ def full_cluster():
                         "the full loopback cluster (scheduler, KWOK, KubeRay)")
     try:
         yield FullCluster(state)
+    finally:
+        _cluster_release(state)
+
+
+@pytest.fixture(scope="session")
+def e2e_cluster():
+    """The full cluster with the pod runner, in its own dir (see the module docstring)."""
+    state = _cluster_up(["--cluster-dir", str(E2E_CLUSTER_DIR), "up", "--full", "--pod-runner"],
+                        "the loopback cluster with the pod runner (scheduler, KubeRay, pods as processes)")
+    try:
+        yield E2ECluster(state)
     finally:
         _cluster_release(state)
 

@@ -15,6 +15,13 @@ apiserver also gets the ExtendedResourceToleration admission plugin (pods that
 request nvidia.com/gpu tolerate the GPU nodes' taint).  state.json records
 `full`, so `down` stops everything.
 
+`up --full --pod-runner` runs pods for real: instead of KWOK and its fake
+nodes, the pod runner (hack/cluster/podrunner) registers the nodes of
+hack/cluster/runner-nodes.yaml and does a kubelet's work for the pods bound to
+them, with processes of this checkout's venv instead of containers (each pod
+its own network namespace, address, hosts file, volumes, probes). It needs
+root. tests/test_cluster_e2e.py installs the chart in kuberay mode on it.
+
 Everything lives in the cluster dir (default: <repo>/.cluster, override with
 VIDEOJOB_CLUSTER_DIR):
 
@@ -28,7 +35,8 @@ VIDEOJOB_CLUSTER_DIR):
 Commands:
 
     up       start the cluster, or reuse it when it is already running and healthy
-             (--full: with scheduler, KWOK fake nodes and KubeRay, see above)
+             (--full: with scheduler, KWOK fake nodes and KubeRay, see above;
+             --full --pod-runner: the pod runner instead of KWOK)
     down     stop the processes and delete etcd data (--keep-data keeps it;
              pki/ and logs are always kept)
     status   print the state and health; exit 0 only when healthy

@@ -12,7 +12,8 @@ calls cli.main(); the modules import each other relatively.
     controlplane.py  etcd, kube-apiserver, kube-controller-manager, kube-scheduler
     nodes.py         KWOK and the fake nodes (full mode)
     kuberay.py       KubeRay's CRDs and operator (full mode)
-    cluster.py       the ordered step lists (CONTROL_PLANE, FULL); start, health, stop
+    pods.py          the pod runner (full mode with --pod-runner: pods run as processes)
+    cluster.py       the ordered step lists (CONTROL_PLANE, FULL, PODS); start, health, stop
     tokens.py        ServiceAccount tokens (TokenRequest API), kubeconfig-for
     cli.py           the commands and their argument parser
 

@@ -14,12 +14,15 @@ from .binaries import resolve_bin_dir
 from .cluster import components, health, healthy, start_cluster, stop_all
 from .common import ClusterError, Paths, cluster_dir, locked, log, read_state, write_state
 from .nodes import FAKE_NODES
+from .pods import RUNNER_NODES
 from .procs import pid_alive, wait_until
 from .tokens import cmd_kubeconfig_for, cmd_token, parse_duration
 
 
 def cmd_up(args) -> int:
     paths = cluster_dir(args.cluster_dir)
+    if args.pod_runner:
+        args.full = True
     # A long lock timeout: another `up` may be doing a cold build of the binaries.
     with locked(paths, "up", timeout=3600):
         state = read_state(paths)
@@ -38,6 +41,12 @@ def cmd_up(args) -> int:
                 f"a cluster without --full is running in {paths.root}; stop it first "
                 f"(`localcluster.py --cluster-dir {paths.root} down`) or use another "
                 f"--cluster-dir / VIDEOJOB_CLUSTER_DIR for the full cluster")
+        if (state and healthy(state, paths) and args.full and state.get("full")
+                and bool(state.get("pod_runner")) != bool(args.pod_runner)):
+            have = "the pod runner" if state.get("pod_runner") else "KWOK's fake nodes"
+            raise ClusterError(
+                f"a full cluster with {have} is running in {paths.root}; `up` was asked for "
+                f"{'the pod runner' if args.pod_runner else 'KWOK'}: stop it first or use another --cluster-dir")
         if state and healthy(state, paths):
             log(f"reusing the running {'full ' if state.get('full') else ''}cluster at {state['server']}")
             if not args.ephemeral and state.get("ephemeral"):
@@ -52,9 +61,10 @@ def cmd_up(args) -> int:
                 paths.state.unlink()
             bin_dir = resolve_bin_dir(args.bin_dir, build=not args.no_build)
             # Everything full mode needs is found (or built) before anything starts.
-            full = (cluster.resolve(cluster.FULL, bin_dir, args, build=not args.no_build)
+            full = (cluster.resolve(cluster.full_steps(args.pod_runner), bin_dir, args,
+                                    build=not args.no_build)
                     if args.full else None)
-            state = start_cluster(paths, bin_dir, args.timeout, full)
+            state = start_cluster(paths, bin_dir, args.timeout, full, pod_runner=args.pod_runner)
             state["ephemeral"] = bool(args.ephemeral)
             started = True
         if args.holder is not None:
@@ -135,7 +145,11 @@ def cmd_status(args) -> int:
         print(f"bin dir:    {state['bin_dir']}")
         print(f"started:    {state.get('started_at')}  ephemeral={state.get('ephemeral')} "
               f"holders={state.get('holders')}")
-        if state.get("full"):
+        if state.get("full") and state.get("pod_runner"):
+            pr = state["pod_runner"]
+            print(f"full:       pod runner, pods {pr['pod_cidr']}, state {pr['state_dir']}")
+            print(f"            kuberay {state['tool_bin_dirs']['kuberay']}")
+        elif state.get("full"):
             print(f"full:       kwok {state['tool_bin_dirs']['kwok']}")
             print(f"            kuberay {state['tool_bin_dirs']['kuberay']}")
             print(f"            fake nodes {', '.join(state.get('fake_nodes', []))}")
@@ -171,6 +185,11 @@ def parser(description: str | None = None) -> argparse.ArgumentParser:
                          "operator with its CRDs; builds tools/kwok and tools/kuberay if needed")
     up.add_argument("--fake-nodes", default=str(FAKE_NODES),
                     help="with --full: the Node manifests to create (default: %(default)s)")
+    up.add_argument("--pod-runner", action="store_true",
+                    help="full mode whose pods really run, as local processes: the pod runner "
+                         "(hack/cluster/podrunner) instead of KWOK; needs root and the venv")
+    up.add_argument("--runner-nodes", default=str(RUNNER_NODES),
+                    help="with --pod-runner: the Nodes the runner registers (default: %(default)s)")
     up.set_defaults(func=cmd_up)
 
     down = sub.add_parser("down", help="stop the cluster and delete its etcd data")

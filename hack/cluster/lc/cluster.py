@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import controlplane, kuberay, nodes
+from . import controlplane, kuberay, nodes, pods
 from .common import Paths, log, write_state
 from .pki import make_pki
 from .procs import free_ports, pid_alive
@@ -31,9 +31,19 @@ FULL: tuple[Step, ...] = (
     nodes.KWOK,
     nodes.FAKE_NODES_STEP,  # waits until kwok has made every node Ready
     kuberay.OPERATOR,
-    # A new full-mode component (e.g. the pod runner) goes here, or wherever
-    # it must start: one module with a Step/Process subclass + one entry.
+    # A new full-mode component goes here, or wherever it must start: one
+    # module with a Step/Process subclass + one entry.
 )
+# `up --full --pod-runner`: the pod runner's nodes instead of KWOK's fake ones
+# (pods really run, as processes; see pods.py).
+PODS: tuple[Step, ...] = (
+    controlplane.SCHEDULER,
+    kuberay.CRDS,
+    kuberay.OPERATOR,
+    pods.POD_RUNNER,
+)
+# Every step any mode may have started, in start order (stop_all stops them all).
+ALL: tuple[Step, ...] = CONTROL_PLANE + tuple(dict.fromkeys(FULL + PODS))
 
 
 def _names(steps: tuple[Step, ...]) -> tuple[str, ...]:
@@ -47,9 +57,16 @@ COMPONENTS = _names(CONTROL_PLANE)
 FULL_COMPONENTS = _names(FULL)
 
 
+def full_steps(pod_runner: bool) -> tuple[Step, ...]:
+    """What `up --full` adds: KWOK's fake nodes, or (--pod-runner) the pod runner's nodes."""
+    return PODS if pod_runner else FULL
+
+
 def steps_of(state: dict | None) -> tuple[Step, ...]:
     """The steps of this cluster, in start order."""
-    return CONTROL_PLANE + FULL if state and state.get("full") else CONTROL_PLANE
+    if not state or not state.get("full"):
+        return CONTROL_PLANE
+    return CONTROL_PLANE + full_steps(bool(state.get("pod_runner")))
 
 
 def components(state: dict | None) -> tuple[str, ...]:
@@ -77,7 +94,7 @@ def healthy(state: dict | None, paths: Paths) -> bool:
 
 
 def stop_all(state: dict) -> None:
-    for step in reversed(CONTROL_PLANE + FULL):  # whatever was started, full or not
+    for step in reversed(ALL):  # whatever was started, in any mode
         if step.process:
             step.stop(state)
 
@@ -104,10 +121,11 @@ def start_steps(run: Run, steps: tuple[Step, ...]) -> None:
 
 
 def start_cluster(paths: Paths, bin_dir: Path, timeout: float,
-                  full: dict[str, Any] | None = None) -> dict:
-    """Start the control plane and, when `full` (resolve(FULL, ...)'s result) is
-    given, the full mode's steps; the state. On failure everything started is
-    stopped and state.json removed."""
+                  full: dict[str, Any] | None = None, pod_runner: bool = False) -> dict:
+    """Start the control plane and, when `full` (resolve(full_steps(pod_runner), ...)'s
+    result) is given, the full mode's steps; the state. On failure everything
+    started is stopped and state.json removed."""
+    extra = full_steps(pod_runner) if full is not None else ()
     paths.root.mkdir(parents=True, exist_ok=True)
     make_pki(paths.pki)
     state: dict = {
@@ -123,14 +141,15 @@ def start_cluster(paths: Paths, bin_dir: Path, timeout: float,
         "holders": [],
     }
     run = Run(paths=paths, state=state, bin_dir=bin_dir, timeout=timeout,
-              steps=CONTROL_PLANE + (FULL if full is not None else ()), tools=dict(full or {}))
+              steps=CONTROL_PLANE + extra, tools=dict(full or {}))
     t0 = time.monotonic()
     try:
         start_steps(run, CONTROL_PLANE)  # also sets state["server"]
         if full is not None:
             state["full"] = True
-            start_steps(run, FULL)
-            parts = [p for p in (s.summary(run) for s in FULL) if p]
+            state["pod_runner"] = pod_runner
+            start_steps(run, extra)
+            parts = [p for p in (s.summary(run) for s in extra) if p]
             log(f"full mode ({', '.join(parts)}) up after {time.monotonic() - run.t0:.1f}s")
     except BaseException:
         stop_all(state)
