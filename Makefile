@@ -17,7 +17,7 @@ include hack/cluster.mk
 KUBECTL = $(shell bash hack/cluster/build-tools.sh --print 2>/dev/null)/kubectl --kubeconfig $(CURDIR)/.cluster/kubeconfig
 
 .PHONY: help venv test unit crds demo demo-cluster bench calibrate gpu-check gpu-check-dry-run clean \
-	helm-tool values-table kind-e2e docs
+	helm-tool values-table kind-e2e docs cluster-e2e
 
 help:
 	@echo "make demo    run the main job on the embedded default"
@@ -29,6 +29,7 @@ help:
 	@echo "make cluster-up / cluster-down   the loopback kube-apiserver for tests"
 	@echo "make helm-tool   build helm from its Go module (cached; prints its bin dir)"
 	@echo "make values-table   regenerate README.md's Helm values table"
+	@echo "make cluster-e2e   helm install (kuberay mode) where pods run as processes, jobs to mp4s (root)"
 	@echo "make kind-e2e   images, kind cluster, helm install, the tiny job (needs Docker and kind)"
 	@echo "make docs    render docs/architecture.png (needs graphviz)"
 
@@ -47,8 +48,9 @@ define run_pytest
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 endef
 
+# (export: a bare VAR=1 before run_pytest's `set +e` would not reach pytest)
 test: venv cluster-tools helm-tool
-	VIDEOJOB_REQUIRE_CLUSTER=1 $(call run_pytest,tests)
+	export VIDEOJOB_REQUIRE_CLUSTER=1; $(call run_pytest,tests)
 
 unit: venv
 	$(call run_pytest,tests -m "not cluster")
@@ -62,6 +64,12 @@ helm-tool:
 # values.schema.json (tests/test_chart_values.py fails when it drifts).
 values-table: venv
 	$(PY) hack/values_table.py
+
+# Layer 5b: the chart for real, no Docker: helm install in kuberay mode on the
+# loopback cluster whose pods the pod runner runs as processes (hack/cluster/podrunner),
+# KubeRay and Ray's autoscaler raising workers, VideoJobs to mp4s. Also part of `make test`.
+cluster-e2e: venv cluster-tools helm-tool
+	export VIDEOJOB_REQUIRE_CLUSTER=1 OMP_NUM_THREADS=1; $(call run_pytest,tests/test_cluster_e2e.py)
 
 # Layer 6: both images, a kind cluster, helm install (embedded mode), the tiny
 # job to Succeeded, its mp4 copied to out/kind-e2e/. Without Docker or kind it

@@ -1,0 +1,248 @@
+"""The chart for real: `helm install` in kuberay mode on a cluster whose pods run
+(DESIGN.md "Testing layers" 5b; `make cluster-e2e`, also part of `make test`).
+
+The e2e_cluster fixture is the loopback control plane with kube-scheduler, the
+real KubeRay operator and the pod runner (hack/cluster/podrunner), which runs
+every pod bound to its nodes (hack/cluster/runner-nodes.yaml) as processes of
+this checkout's venv, each pod in its own network namespace. Nothing here is
+compared with what the chart rendered: the operator pod runs `videojob
+operator` under the chart's ServiceAccount, inventory and token; KubeRay makes
+the head pod, whose `ray start --head` and Ray's autoscaler v2 sidecar run for
+real and raise worker pods on demand; the worker pods run KubeRay's init
+container and `ray start` command through `bash -lc`; KubeRay's exec probes run
+(wget against Ray's health endpoints, with Ray's token auth on); VideoJobs go
+through all of it to mp4s on the claim's volume, which the test reads from the
+PersistentVolume's directory.
+
+One release for the module (charts/videojob/ci/kuberay-cpu.yaml: two CPU
+classes cpu-a and cpu-b of one pod each, on the node pools a and b, a drivers
+group, placementTimeoutS 20: shorter than a worker's scale-up on purpose). The
+tests run in file order and build on each other: install, jobs from zero,
+workers scaled away when idle, uninstall.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e_support import (
+    CLAIM, DATA_MOUNT, INSTANCE, RAYCLUSTER, RELEASE, RUNTIME_UID, TOKEN_SECRET, HttpsInputs, JobWatch,
+    Release, make_data_dir, tiny_job, wait_gone,
+)
+from helpers import REPO, wait_for
+
+
+def random_png(size: int = 64) -> bytes:
+    from io import BytesIO
+
+    import numpy as np
+    from PIL import Image
+    buffer = BytesIO()
+    Image.fromarray((np.random.default_rng(1).random((size, size, 3)) * 255).astype("uint8")).save(buffer, "PNG")
+    return buffer.getvalue()
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+CLASSES = ("cpu-a", "cpu-b")
+JOB_TIMEOUT_S = float(os.environ.get("VIDEOJOB_E2E_JOB_TIMEOUT", "1200"))
+
+
+@pytest.fixture(scope="module")
+def release(e2e_cluster, tmp_path_factory):
+    """The chart installed in a fresh namespace; uninstalled (if a test did not) and the
+    namespace and PersistentVolume deleted afterwards, however the tests went."""
+    cluster = e2e_cluster
+    namespace = f"vj-e2e-{secrets.token_hex(3)}"
+    cluster.kubectl("create", "namespace", namespace)
+    cluster.kubectl("label", "namespace", namespace, "app.kubernetes.io/part-of=videojob-tests")
+    token = secrets.token_hex(24)
+    cluster.kubectl("create", "secret", "generic", TOKEN_SECRET, "-n", namespace, f"--from-literal=token={token}")
+    data = make_data_dir(tmp_path_factory.mktemp("e2e") / "data")
+    pv = f"{namespace}-data"
+    rel = Release(cluster, namespace, data, token, tmp_path_factory.mktemp("helm-home"))
+    # A volume pre-bound to the chart's claim (no provisioner here), as ci/kuberay-cpu.yaml sizes it.
+    cluster.kubectl("create", "-f", "-", input=json.dumps({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": pv, "labels": {"app.kubernetes.io/part-of": "videojob-tests"}},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(data)},
+                 "claimRef": {"namespace": namespace, "name": CLAIM}}}))
+    try:
+        yield rel
+    finally:
+        rel.helm("uninstall", RELEASE, "--namespace", namespace, "--ignore-not-found", "--wait", "--timeout=120s",
+                 check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true", "--timeout=120s",
+                        check=False, timeout=150)
+        cluster.kubectl("delete", "pv", pv, "--ignore-not-found", check=False)
+
+
+# -- 1. install ------------------------------------------------------------------------------------
+
+def test_install_runs_operator_head_and_drivers(release: Release):
+    """helm install: the operator pod runs `videojob operator` and passes its /healthz probes
+    (it reached Ray with the token and rebuilt its books); KubeRay's head pod passes KubeRay's
+    own exec probes (wget on Ray's health endpoints) with Ray's token auth on; the drivers
+    group's pod joins Ray with the vj-driver resource; only the autoscaler sidecar holds a
+    ServiceAccount token in the head pod; no class worker runs before a job asks."""
+    release.install()
+    (operator,) = release.wait_ready(f"{INSTANCE},app.kubernetes.io/component=operator", timeout=300)
+    head = release.wait_ready(f"ray.io/cluster={RAYCLUSTER},ray.io/node-type=head", timeout=300)[0]
+    (drivers,) = release.wait_ready(f"ray.io/cluster={RAYCLUSTER},ray.io/group=drivers", timeout=300)
+
+    # Ray's own view: the head (no CPUs), the drivers' node with its slots; auth is on.
+    nodes = wait_for("Ray to list the head and the drivers' node",
+                     lambda: (n := release.ray_nodes()) and len([x for x in n if x["state"] == "ALIVE"]) >= 2 and n,
+                     timeout=120, interval=2)
+    by_ip = {n["node_ip"]: n for n in nodes if n["state"] == "ALIVE"}
+    assert by_ip[drivers["status"]["podIP"]]["resources_total"].get("vj-driver", 0) >= 1, by_ip
+    assert by_ip[head["status"]["podIP"]]["resources_total"].get("CPU", 0) == 0, by_ip
+    ip = head["status"]["podIP"]
+    anonymous = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"http://{ip}:8265/api/jobs/"],
+                               capture_output=True, text=True, timeout=30).stdout
+    assert anonymous in ("401", "403"), f"the Jobs API answered {anonymous} without the token"
+
+    # ServiceAccount tokens only where used.
+    sa = release.in_container(head["metadata"]["name"], "autoscaler", "ls", SA_DIR)
+    assert "token" in sa.stdout.split(), f"the autoscaler has no token: {sa.stdout}{sa.stderr}"
+    bare = release.in_container(head["metadata"]["name"], "ray-head", "ls", SA_DIR)
+    assert "token" not in bare.stdout.split(), f"ray-head mounts a ServiceAccount token: {bare.stdout}"
+    op = release.in_container(operator["metadata"]["name"], "operator", "ls", SA_DIR)
+    assert "token" in op.stdout.split(), f"the operator has no token: {op.stdout}{op.stderr}"
+
+    # The processes run as the images' user.
+    uid = release.in_container(head["metadata"]["name"], "ray-head", "stat", "-c", "%u", "/proc/1")
+    assert uid.stdout.strip() == str(RUNTIME_UID), uid
+
+    for klass in CLASSES:
+        assert release.workers(klass) == [], f"{klass} has workers before any job"
+
+
+# -- 2. jobs from zero, pinned classes, an https input ----------------------------------------------
+
+def test_jobs_scale_up_from_zero_and_land_on_their_class(release: Release, tmp_path):
+    """Two tiny jobs pinned to cpu-a and cpu-b, created while both classes have no pod,
+    plus an image-to-video job with an https input (served under a test CA) that has to
+    queue behind them. The autoscaler raises each class's worker group; the worker's `ray
+    start` joins with its class resource; each group is placed on its class's worker, on
+    that class's node pool. The jobs wait through the scale-up (longer than the 20 s
+    placement timeout) without failing or using up an attempt, and say what they wait
+    for; each video, poster and result lands in the claim at its output path."""
+    gateway = release.cluster.runner_state().get("gateway")
+    assert gateway, f"the pod runner's state names no gateway: {release.cluster.runner_state()}"
+    png = random_png()
+    with HttpsInputs(tmp_path / "https", gateway, {"/cat.png": png}) as inputs:
+        # The admin's side: the CA the runtime trusts, on the data volume, and leave to fetch
+        # from the test's private address (both through runtime.extraEnv).
+        (release.data / "ca").mkdir()
+        (release.data / "ca" / "inputs-ca.pem").write_bytes(inputs.ca.read_bytes())
+        release.extra_args = [
+            "--set", f"runtime.extraEnv[0].name=VIDEOJOB_INPUT_CA_BUNDLE",
+            "--set", f"runtime.extraEnv[0].value={DATA_MOUNT}/ca/inputs-ca.pem",
+            "--set", "runtime.extraEnv[1].name=VIDEOJOB_INPUT_ALLOW_PRIVATE_HOSTS",
+            "--set-string", "runtime.extraEnv[1].value=true"]
+        release.helm("upgrade", RELEASE, str(REPO / "charts" / "videojob"), "--namespace", release.namespace,
+                     *release.install_args())
+        release.wait_ready(f"ray.io/cluster={RAYCLUSTER},ray.io/node-type=head", timeout=300)
+        release.wait_ready(f"ray.io/cluster={RAYCLUSTER},ray.io/group=drivers", timeout=300)
+        release.wait_ready(f"{INSTANCE},app.kubernetes.io/component=operator", timeout=300)
+
+        jobs = {"e2e-a": tiny_job("e2e-a", resources={"maxGPUs": 2, "gpuClass": "cpu-a"}),
+                "e2e-b": tiny_job("e2e-b", resources={"maxGPUs": 2, "gpuClass": "cpu-b"}),
+                "e2e-i2v": tiny_job("e2e-i2v", model={"name": "tiny-cogvideox-i2v", "dtype": "float32"},
+                                    task="i2v", image=f"{inputs.url}/cat.png", parallel={"ulysses": 1},
+                                    resources={"maxGPUs": 1})}
+        started = time.monotonic()
+        with JobWatch(release, list(jobs)) as watch:
+            for doc in jobs.values():
+                release.apply_job(doc)
+            done = watch.wait_finished(JOB_TIMEOUT_S)
+        took = time.monotonic() - started
+        assert inputs.requests == ["/cat.png"], f"the https input was fetched {inputs.requests}"
+
+    story = {name: watch.texts(name) for name in jobs}
+    for name, obj in done.items():
+        status = obj["status"]
+        assert status["phase"] == "Succeeded", f"{name}: {status.get('message')}\n" + "\n".join(story[name])
+        counted = [a for a in status["attempts"] if a.get("result") != "Requeued"]
+        assert len(counted) == 1, f"{name} used attempts: {status['attempts']}"
+
+    # The pinned jobs waited for a node of their class while the autoscaler started it.
+    for name, klass in (("e2e-a", "cpu-a"), ("e2e-b", "cpu-b")):
+        assert any(f"waiting for a node of class {klass}" in line for line in story[name]), \
+            f"{name} never said it waited for a {klass} node:\n" + "\n".join(story[name])
+    assert took > 20, "the scale-up took less than the placement timeout: the test proves nothing"
+
+    # Each class's worker joined Ray with its class resource, on its own pool's node,
+    # and the pinned job's ranks ran there.
+    nodes = {n["node_id"]: n for n in release.ray_nodes()}
+    for name, klass in (("e2e-a", "cpu-a"), ("e2e-b", "cpu-b")):
+        (worker,) = release.workers(klass)
+        assert worker["spec"]["nodeName"] == f"vj-proc-{klass[-1]}", worker["spec"]["nodeName"]
+        ip = worker["status"]["podIP"]
+        ray_node = next(n for n in nodes.values() if n["node_ip"] == ip)
+        assert ray_node["resources_total"].get(f"vj-class-{klass}") == 2, ray_node["resources_total"]
+        group = done[name]["status"]["actorGroup"]["name"]
+        ranks = release.ray_actors(f"{group}-rank")
+        assert len(ranks) == 2 and {nodes[a["node_id"]]["node_ip"] for a in ranks} == {ip}, \
+            f"{name}'s ranks ran on {[nodes[a['node_id']]['node_ip'] for a in ranks]}, not {klass}'s worker {ip}"
+
+    # The files, where the spec said, written by the pods, read from the volume's directory.
+    for name, obj in done.items():
+        output = obj["status"]["output"]
+        base = release.data / "videos" / name
+        video, poster, result = (base.with_suffix(s) for s in (".mp4", ".png", ".json"))
+        assert video.is_file() and video.stat().st_size == output["bytes"] > 0, (name, output, sorted(base.parent.iterdir()))
+        assert poster.is_file() and poster.stat().st_size > 0, name
+        record = json.loads(result.read_text())
+        assert record["framesDigest"] == output["framesDigest"], name
+        assert video.read_bytes()[4:8] == b"ftyp", f"{name}: not an mp4"
+    # The https input was staged on the shared volume, in a per-job directory, removed at the end.
+    staging = release.data / "staging"
+    assert not staging.exists() or not any(staging.iterdir()), sorted(staging.rglob("*"))
+
+    # What a user sees.
+    table = release.kubectl("get", "vj", "-n", release.namespace).stdout
+    for name in jobs:
+        assert any(line.split()[:2] == [name, "Succeeded"] for line in table.splitlines()), table
+
+
+# -- 3. idle workers go -----------------------------------------------------------------------------
+
+def test_idle_workers_are_scaled_away(release: Release):
+    """Once the jobs' warm groups expire (warmGroupTtlS 5), Ray's autoscaler removes the idle
+    class workers after idleTimeoutSeconds (15): KubeRay deletes their pods, the pod runner
+    stops their processes."""
+    pids = {p["metadata"]["name"]: [c["pid"] for r in release.runner_pods() if r["name"] == p["metadata"]["name"]
+                                    for c in r.get("containers", []) if c.get("pid")]
+            for klass in CLASSES for p in release.workers(klass)}
+    assert pids, "no class workers to scale away (the previous test did not run?)"
+    wait_gone("the idle class workers", lambda: [p["metadata"]["name"] for k in CLASSES for p in release.workers(k)],
+              timeout=240)
+    wait_gone("the workers' processes", lambda: [pid for ps in pids.values() for pid in ps
+                                                  if Path(f"/proc/{pid}").exists()], timeout=60)
+    assert not [r for r in release.runner_pods() if r["name"] in pids]
+
+
+# -- 4. uninstall -------------------------------------------------------------------------------------
+
+def test_uninstall_leaves_no_pod_and_no_process(release: Release):
+    """helm uninstall: the operator, the RayCluster and every pod go; the pod runner has
+    stopped every process it ran for them and freed their network namespaces."""
+    before = [(r["name"], c["pid"], r.get("netns")) for r in release.runner_pods()
+              for c in r.get("containers", []) if c.get("pid")]
+    assert before, "nothing ran (the install test did not run?)"
+    release.uninstall()
+    wait_gone("the release's pods", lambda: [p["metadata"]["name"] for p in release.get("pods")["items"]],
+              timeout=180)
+    wait_gone("the release's processes", lambda: [(n, pid) for n, pid, _ in before if Path(f"/proc/{pid}").exists()],
+              timeout=60)
+    wait_gone("the pod runner's records of them", release.runner_pods, timeout=60)
+    netns = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+    assert not {ns for _, _, ns in before if ns} & netns, "network namespaces left behind"
+    assert release.get("rayclusters")["items"] == []
