@@ -1,0 +1,530 @@
+"""One thread per pod doing what the kubelet's pod worker does: sandbox, init containers
+in order, the containers, probes, restarts with back-off, status, termination."""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import containers
+from .env import ConfigError, build_env, command_line, final_env
+from .hosts import pod_hostname
+from .images import repository
+from .kube import ApiError
+from .network import NetworkError
+from .probes import ProbeSet, Target
+from .status import CState, comparable, pod_status
+from .util import debug, error, info, parse_rfc3339, short_uid, warn
+from .volumes import VolumeError
+
+if TYPE_CHECKING:
+    from .runner import Runner
+    from .sandbox import Sandbox
+
+
+@dataclass
+class Ctr:
+    spec: dict
+    cs: CState
+    log_path: Path
+    dir: Path
+    inst: containers.Instance | None = None
+    probes: ProbeSet | None = None
+    exit_handled: bool = True
+    backoff: float | None = None
+    backoff_until: float = 0.0
+    last_start: float = 0.0
+    force_restart: bool = False
+    killing: bool = False
+    target: Target | None = field(default=None, repr=False)
+
+
+class PodWorker(threading.Thread):
+    def __init__(self, runner: "Runner", pod: dict, adopt: dict | None = None):
+        meta = pod["metadata"]
+        super().__init__(name=f"pod {meta['namespace']}/{meta['name']}", daemon=True)
+        from .sandbox import Sandbox
+
+        self.runner = runner
+        self.pod = pod
+        self.uid = meta["uid"]
+        self.key = f"{meta['namespace']}/{meta['name']}"
+        self.cond = threading.Condition()
+        self.gone = False            # the Pod object was deleted (force delete)
+        self.shutdown_reason: str | None = None
+        self.sandbox: Sandbox = Sandbox(runner, pod)
+        self.adopt = adopt
+        self.terminal = False
+        self.start_time = time.time()
+        old = pod.get("status") or {}
+        if old.get("startTime"):
+            self.start_time = parse_rfc3339(old["startTime"])
+        spec = pod["spec"]
+        self.init = [self._ctr(c, True) for c in spec.get("initContainers") or []]
+        self.main = [self._ctr(c, False) for c in spec["containers"]]
+        self._last_status: dict | None = None
+        self._next_volume_sync = 0.0
+        self._sandbox_error: str | None = None
+        self._phase_override: tuple[str, str, str] | None = None
+        self.done = threading.Event()
+
+    def _ctr(self, c: dict, init: bool) -> Ctr:
+        cs = CState(name=c["name"], image=c.get("image", ""), init=init,
+                    reason="PodInitializing" if (init or self.pod["spec"].get("initContainers")) else "ContainerCreating")
+        d = self.sandbox.dir / "containers" / c["name"]
+        return Ctr(spec=c, cs=cs, log_path=self.sandbox.logs / f"{c['name']}.log", dir=d)
+
+    # ---- events from other threads
+    def wake(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def update(self, pod: dict) -> None:
+        with self.cond:
+            self.pod = pod
+            self.cond.notify_all()
+
+    def object_deleted(self) -> None:
+        with self.cond:
+            self.gone = True
+            self.cond.notify_all()
+
+    def stop(self, reason: str) -> None:
+        with self.cond:
+            self.shutdown_reason = reason
+            self.cond.notify_all()
+
+    # ---- the loop
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception:  # noqa: BLE001 - keep the runner alive, report loudly
+            error("pod worker crashed", exc_info=True, pod=self.key)
+            self._kill_all(0)
+            self.sandbox.teardown()
+        finally:
+            self.done.set()
+            self.runner.worker_done(self)
+
+    def _run(self) -> None:
+        wait = 0.0
+        while True:
+            with self.cond:
+                if wait > 0:
+                    self.cond.wait(wait)
+                pod, gone, shutdown = self.pod, self.gone, self.shutdown_reason
+            if shutdown:
+                self._node_shutdown(shutdown)
+                return
+            if gone:
+                self._kill_all(0)
+                self.sandbox.teardown()
+                info("pod removed (object deleted)", pod=self.key)
+                return
+            if pod["metadata"].get("deletionTimestamp"):
+                self._terminate(pod)
+                return
+            wait = self._sync(pod)
+
+    def _sync(self, pod: dict) -> float:
+        """One pass; returns seconds until the next pass is needed at the latest."""
+        now = time.time()
+        if self.terminal:
+            return 60.0
+        if not self.sandbox.ready:
+            try:
+                self._create_sandbox(pod)
+            except (NetworkError, OSError) as exc:
+                self._sandbox_error = str(exc)
+                warn("sandbox creation failed; retrying", pod=self.key, error=str(exc))
+                self.runner.events.pod_event(pod, "Warning", "FailedCreatePodSandBox", str(exc))
+                self._write_status(pod)
+                return 5.0
+        if now >= self._next_volume_sync:
+            try:
+                self.sandbox.volumes.setup()
+                self._next_volume_sync = now + self.sandbox.volumes.resync(pod)
+            except (VolumeError, ConfigError, ApiError, OSError) as exc:
+                msg = f"MountVolume.SetUp failed: {exc}"
+                if self._sandbox_error != msg:
+                    self.runner.events.pod_event(pod, "Warning", "FailedMount", msg)
+                self._sandbox_error = msg
+                self._write_status(pod)
+                return 2.0
+        self._sandbox_error = None
+        deadline = pod["spec"].get("activeDeadlineSeconds")
+        if deadline is not None and now - self.start_time > deadline:
+            self._phase_override = ("Failed", "DeadlineExceeded",
+                                    f"Pod was active on the node longer than the specified deadline")
+            self._kill_all(float(pod["spec"].get("terminationGracePeriodSeconds", 30)))
+        wait = min(30.0, max(0.5, self._next_volume_sync - now))
+        for c in self.init + self.main:
+            self._collect_exit(pod, c)
+        if self._phase_override is None:
+            wait = min(wait, self._drive(pod))
+        status = self._write_status(pod)
+        if status["phase"] in ("Succeeded", "Failed"):
+            self._finish(status["phase"])
+        elif deadline is not None:
+            wait = min(wait, max(0.5, self.start_time + deadline - time.time()))
+        return wait
+
+    def _drive(self, pod: dict) -> float:
+        policy = pod["spec"].get("restartPolicy", "Always")
+        wait = 30.0
+        for c in self.init:
+            if c.cs.succeeded:
+                continue
+            if c.inst is not None and c.inst.alive():
+                return wait
+            if c.cs.state == "terminated" or c.cs.last_terminated:
+                if policy == "Never":
+                    return wait   # phase() says Failed
+                return min(wait, self._restart(pod, c))
+            self._start(pod, c)
+            return 1.0
+        for c in self.main:
+            if c.inst is not None and c.inst.alive():
+                continue
+            if c.inst is None and c.cs.state == "waiting" and not c.cs.last_terminated:
+                self._start(pod, c)
+                wait = min(wait, 2.0)
+                continue
+            exit_code = c.cs.exit_code if c.cs.state == "terminated" else (c.cs.last_terminated or {}).get("exitCode")
+            if c.force_restart or policy == "Always" or (policy == "OnFailure" and exit_code != 0):
+                wait = min(wait, self._restart(pod, c))
+        return wait
+
+    # ---- containers
+    def _collect_exit(self, pod: dict, c: Ctr) -> None:
+        if c.inst is None or c.exit_handled or c.inst.alive():
+            return
+        c.exit_handled = True
+        if c.probes:
+            c.probes.stop()
+        try:
+            err = c.inst.error_file.read_text().strip()
+        except OSError:
+            err = ""
+        code = c.inst.exit_code
+        cs = c.cs
+        cs.state, cs.exit_code, cs.finished_at, cs.ready, cs.started = "terminated", code, time.time(), False, False
+        cs.term_reason = "StartError" if err else ("Completed" if code == 0 else "Error")
+        cs.term_message = err
+        if not err and code != 0 and c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            cs.term_message = _log_tail(c.log_path)
+        debug("container exited", pod=self.key, container=cs.name, exitCode=code, reason=cs.term_reason)
+        if err:
+            self.runner.events.pod_event(pod, "Warning", "Failed", f"Error: {err}", _field(c))
+        self.runner.save_state()
+
+    def _restart(self, pod: dict, c: Ctr) -> float:
+        """Restart an exited container now or after its back-off; seconds to wait."""
+        cs = c.cs
+        if cs.state == "terminated":
+            cs.last_terminated = cs.terminated_dict()
+        now = time.time()
+        base, cap = self.runner.backoff_base, self.runner.backoff_max
+        finished = cs.finished_at or now
+        if c.backoff is not None and now - c.last_start > 2 * cap:
+            c.backoff = None      # ran long enough: back-off forgotten
+        if c.backoff is None:
+            c.backoff = base
+        elif now < finished + c.backoff:
+            if cs.state != "waiting" or cs.reason != "CrashLoopBackOff":
+                cs.state, cs.reason = "waiting", "CrashLoopBackOff"
+                cs.message = (f"back-off {c.backoff:g}s restarting failed container={cs.name} "
+                              f"pod={pod['metadata']['name']}_{pod['metadata']['namespace']}({self.uid})")
+                self.runner.events.pod_event(pod, "Warning", "BackOff",
+                                             f"Back-off restarting failed container {cs.name} in pod "
+                                             f"{pod['metadata']['name']}_{pod['metadata']['namespace']}({self.uid})",
+                                             _field(c))
+            return max(0.05, finished + c.backoff - now)
+        else:
+            c.backoff = min(c.backoff * 2, cap)
+        if self._start(pod, c, restart=True):
+            c.force_restart = False
+        return 1.0
+
+    def _prepare(self, pod: dict, c: Ctr) -> tuple[dict, Target] | None:
+        """The containerinit spec and probe target; None (and a waiting reason) when it cannot start."""
+        cs = c.cs
+        image = self.runner.images().lookup(c.spec.get("image", ""))
+        if image is None:
+            repo = repository(c.spec.get("image", ""))
+            cs.state, cs.reason = "waiting", "ErrImagePull"
+            cs.message = (f'image "{c.spec.get("image")}" is not in the pod runner\'s image map '
+                          f'{self.runner.image_map_path} (add an entry `image: {repo}`)')
+            return None
+        view = _with_ips(pod, self.sandbox.ip, self.runner.network.gateway)
+        try:
+            kenv = build_env(view, c.spec, self.runner.services(), self.runner.get_object,
+                             self.runner.allocatable(pod["spec"].get("nodeName", "")))
+            uid, gid, groups = containers.identity(pod, c.spec, image)
+            hostname, _ = pod_hostname(pod)
+            env = final_env(hostname, image.env, kenv)
+            argv = command_line(c.spec, image, kenv)
+            cwd = c.spec.get("workingDir") or image.working_dir
+            tmp = c.dir / "tmp"
+            tmp.mkdir(parents=True, exist_ok=True)
+            tmp.chmod(0o1777)
+            profile = self.runner.profile_file(image)
+            mounts = containers.plan_mounts(pod, c.spec, self.sandbox.volumes.mounts, tmp, self.sandbox.pod_shm,
+                                            profile, env)
+            self.runner.host_paths.ensure(containers.host_paths_to_create(mounts, cwd))
+        except (ConfigError, VolumeError, ValueError) as exc:
+            cs.state, cs.reason, cs.message = "waiting", "CreateContainerConfigError", str(exc)
+            return None
+        cs.image_id = f"{repository(c.spec.get('image', ''))}@sha256:{image.digest}"
+        spec = {"hostname": hostname, "mounts": mounts, "nofile": containers.NOFILE, "uid": uid, "gid": gid,
+                "groups": groups, "cwd": cwd, "argv": argv, "env": env}
+        target = Target(container=c.spec, pid1=0, env=env, uid=uid, gid=gid, groups=groups, cwd=cwd,
+                        pod_ip=self.sandbox.ip, started_at=time.time())
+        return spec, target
+
+    def _start(self, pod: dict, c: Ctr, restart: bool = False) -> bool:
+        cs = c.cs
+        prepared = self._prepare(pod, c)
+        if prepared is None:
+            self.runner.events.pod_event(pod, "Warning", "Failed", f"Error: {cs.message}", _field(c))
+            return False
+        spec, target = prepared
+        if restart:
+            cs.restart_count += 1
+        c.inst = containers.start(self.sandbox.netns, spec, c.dir, c.log_path, on_exit=self.wake)
+        c.exit_handled = False
+        c.last_start = time.time()
+        cs.state, cs.started_at, cs.exit_code, cs.term_reason, cs.term_message = "running", c.inst.started_at, None, None, ""
+        cs.reason = cs.message = ""
+        cs.container_id = f"podrunner://{short_uid(self.uid)}-{cs.name}-{cs.restart_count}"
+        self._start_probes(c, target)
+        info("container started", pod=self.key, container=cs.name, pid=c.inst.pid1, restarts=cs.restart_count)
+        self.runner.events.pod_event(pod, "Normal", "Started", f"Started container {cs.name}", _field(c))
+        self.runner.save_state()
+        return True
+
+    def _start_probes(self, c: Ctr, target: Target) -> None:
+        target.pid1 = c.inst.pid1 or 0
+        target.started_at = c.inst.started_at
+        c.target = target
+        c.cs.ready = False
+        if c.cs.init:
+            c.probes = None
+            return
+        c.probes = ProbeSet(target, lambda kind, value, msg, c=c, inst=c.inst: self._probe_result(c, inst, kind, value, msg))
+        c.cs.started = c.probes.started.is_set()
+        c.cs.ready = c.probes.ready and c.cs.started
+        c.probes.start()
+
+    def _probe_result(self, c: Ctr, inst, kind: str, value: bool, message: str) -> None:
+        if c.inst is not inst:
+            return
+        pod = self.pod
+        if kind == "unhealthy":
+            self.runner.events.pod_event(pod, "Warning", "Unhealthy", message, _field(c))
+            return
+        if kind == "started":
+            c.cs.started = True
+            c.cs.ready = c.probes.ready if c.probes else True
+        elif kind == "ready":
+            c.cs.ready = value
+            if not value:
+                self.runner.events.pod_event(pod, "Warning", "Unhealthy", f"Readiness probe failed: {message}", _field(c))
+        elif kind in ("liveness", "startup"):
+            what = "liveness" if kind == "liveness" else "startup"
+            self.runner.events.pod_event(pod, "Warning", "Unhealthy", f"{what.title()} probe failed: {message}", _field(c))
+            self.runner.events.pod_event(pod, "Normal", "Killing",
+                                         f"Container {c.cs.name} failed {what} probe, will be restarted", _field(c))
+            probe = c.spec.get(f"{what}Probe") or {}
+            grace = probe.get("terminationGracePeriodSeconds",
+                              pod["spec"].get("terminationGracePeriodSeconds", 30))
+            c.force_restart = pod["spec"].get("restartPolicy", "Always") != "Never"
+            threading.Thread(target=containers.stop, args=(inst, float(grace)), daemon=True).start()
+        self.wake()
+
+    # ---- sandbox
+    def _create_sandbox(self, pod: dict) -> None:
+        adopt = self.adopt
+        self.sandbox.create(pod, want_ip=(adopt or {}).get("podIP"), reuse=adopt is not None)
+        if adopt:
+            self._adopt(pod, adopt)
+            self.adopt = None
+        self.runner.save_state()
+
+    def _adopt(self, pod: dict, record: dict) -> None:
+        """Take over the containers a previous runner started (their pid 1 still running)."""
+        status = pod.get("status") or {}
+        old = {s["name"]: s for s in [*(status.get("initContainerStatuses") or []),
+                                      *(status.get("containerStatuses") or [])]}
+        for rec in record.get("containers", []):
+            c = next((x for x in self.init + self.main if x.cs.name == rec["name"]), None)
+            if c is None or not rec.get("pid") or containers.proc_start_time(rec["pid"]) != rec.get("pidStart"):
+                continue
+            st = old.get(rec["name"], {})
+            c.cs.restart_count = st.get("restartCount", 0)
+            c.cs.last_terminated = (st.get("lastState") or {}).get("terminated")
+            c.inst = containers.adopt(rec["pid"], rec["pidStart"], c.dir, rec.get("startedAt", time.time()), self.wake)
+            c.exit_handled = False
+            c.cs.state, c.cs.started_at = "running", rec.get("startedAt", time.time())
+            c.cs.container_id = rec.get("containerID")
+            c.last_start = c.cs.started_at
+            try:
+                self.sandbox.volumes.setup()
+                prepared = self._prepare(pod, c)
+            except (VolumeError, ConfigError, ApiError, OSError) as exc:
+                prepared = None
+                warn("adopted container runs without probes", pod=self.key, container=c.cs.name, error=str(exc))
+            c.cs.state, c.cs.reason, c.cs.message = "running", "", ""
+            if prepared:
+                self._start_probes(c, prepared[1])
+            info("container adopted", pod=self.key, container=c.cs.name, pid=rec["pid"])
+        for c in self.init:   # init containers of a running pod are done
+            if record.get("initialized") and c.inst is None:
+                c.cs.state, c.cs.exit_code, c.cs.term_reason = "terminated", 0, "Completed"
+                c.exit_handled = True
+
+    # ---- status
+    def _write_status(self, pod: dict) -> dict:
+        override = self._phase_override
+        waiting_reason = None
+        if self._sandbox_error:
+            for c in self.init + self.main:
+                if c.cs.state == "waiting" and c.inst is None:
+                    c.cs.reason, c.cs.message = "ContainerCreating", ""
+            waiting_reason = self._sandbox_error
+        status = pod_status(pod, [c.cs for c in self.init], [c.cs for c in self.main],
+                            pod_ip=self.sandbox.ip if self.sandbox.ready or self.terminal else None,
+                            host_ip=self.runner.network.gateway, start_time=self.start_time,
+                            sandbox_ready=self.sandbox.ready,
+                            phase_override=override[0] if override else None,
+                            reason=override[1] if override else None,
+                            message=override[2] if override else waiting_reason)
+        if self._last_status is None:
+            self._last_status = comparable(pod.get("status") or {})
+        if comparable(status) != self._last_status:
+            self.runner.patch_status(pod, status)
+            self._last_status = comparable(status)
+        return status
+
+    # ---- endings
+    def _finish(self, phase: str) -> None:
+        """A terminal pod: nothing more runs; the sandbox goes, the status stays."""
+        self._kill_all(0)
+        self.terminal = True
+        self.sandbox.teardown()
+        info("pod finished", pod=self.key, phase=phase)
+        self.runner.save_state()
+
+    def _kill_all(self, grace: float, deadline_source=None) -> None:
+        """preStop hooks, SIGTERM, then SIGKILL after grace; every container in parallel."""
+        threads = []
+        for c in self.init + self.main:
+            if c.probes:
+                c.probes.stop()
+            if c.inst is not None and c.inst.alive():
+                t = threading.Thread(target=self._kill_one, args=(c, grace, deadline_source), daemon=True)
+                t.start()
+                threads.append(t)
+        for t in threads:
+            t.join()
+        for c in self.init + self.main:
+            self._collect_exit(self.pod, c)
+
+    def _kill_one(self, c: Ctr, grace: float, deadline_source) -> None:
+        start = time.monotonic()
+
+        def remaining() -> float:
+            g = deadline_source() if deadline_source else grace
+            return max(0.0, g - (time.monotonic() - start))
+
+        hook = ((c.spec.get("lifecycle") or {}).get("preStop"))
+        if hook and c.target is not None and grace > 0:
+            from .probes import run_probe
+            if "sleep" in hook:
+                c.inst.wait(min(remaining(), float(hook["sleep"].get("seconds", 0))))
+            else:
+                ok, msg = run_probe(c.target, {**hook, "timeoutSeconds": max(1, int(remaining()))})
+                if not ok:
+                    self.runner.events.pod_event(self.pod, "Warning", "FailedPreStopHook",
+                                                 f"PreStopHook failed: {msg}", _field(c))
+        c.inst.signal(signal.SIGTERM)
+        while not c.inst.done.is_set() and remaining() > 0:
+            c.inst.done.wait(min(0.2, remaining()))
+        if not c.inst.done.is_set():
+            containers.stop(c.inst, 0)
+
+    def _terminate(self, pod: dict) -> None:
+        """Graceful deletion: stop the containers within the grace period, tear the
+        sandbox down, then delete the Pod object (grace 0, uid precondition)."""
+        info("pod deleting", pod=self.key, grace=pod["metadata"].get("deletionGracePeriodSeconds"))
+        for c in self.init + self.main:
+            if c.inst is not None and c.inst.alive():
+                self.runner.events.pod_event(pod, "Normal", "Killing", f"Stopping container {c.cs.name}", _field(c))
+
+        def grace() -> float:
+            with self.cond:
+                g = self.pod["metadata"].get("deletionGracePeriodSeconds")
+            return float(g if g is not None else self.pod["spec"].get("terminationGracePeriodSeconds", 30))
+
+        self._kill_all(grace(), grace)
+        if not self.terminal:
+            all_ok = all(c.cs.exit_code == 0 for c in self.main if c.cs.state == "terminated")
+            self._phase_override = ("Succeeded" if all_ok else "Failed", None, None)
+            try:
+                self._write_status(self.pod)
+            except Exception:  # noqa: BLE001 - the delete below matters more
+                pass
+        self.sandbox.teardown()
+        self.terminal = True
+        self.runner.delete_pod(self.pod)
+        info("pod deleted", pod=self.key)
+
+    def _node_shutdown(self, reason: str) -> None:
+        grace = min(float(self.pod["spec"].get("terminationGracePeriodSeconds", 30)), self.runner.shutdown_grace)
+        self._kill_all(grace)
+        if not self.terminal and not self.pod["metadata"].get("deletionTimestamp"):
+            self._phase_override = ("Failed", "Terminated", reason)
+            try:
+                self._write_status(self.pod)
+            except Exception:  # noqa: BLE001 - the apiserver may be gone already
+                pass
+        self.sandbox.teardown()
+
+    # ---- state file
+    def record(self) -> dict:
+        sb = self.sandbox
+        return {"namespace": self.pod["metadata"]["namespace"], "name": self.pod["metadata"]["name"],
+                "uid": self.uid, "node": self.pod["spec"].get("nodeName"), "netns": sb.netns,
+                "podIP": sb.ip if sb.ready else None, "veth": sb.veth, "terminal": self.terminal,
+                "logDir": str(sb.logs), "initialized": all(c.cs.succeeded for c in self.init),
+                "containers": [{"name": c.cs.name, "init": c.cs.init, "state": c.cs.state,
+                                "pid": c.inst.pid1 if c.inst and c.inst.alive() else None,
+                                "pidStart": c.inst.pid1_start if c.inst and c.inst.alive() else None,
+                                "startedAt": c.cs.started_at, "restartCount": c.cs.restart_count,
+                                "containerID": c.cs.container_id, "log": str(c.log_path)}
+                               for c in self.init + self.main]}
+
+
+def _field(c: Ctr) -> str:
+    return f"spec.{'initContainers' if c.cs.init else 'containers'}{{{c.cs.name}}}"
+
+
+def _with_ips(pod: dict, pod_ip: str | None, host_ip: str) -> dict:
+    view = dict(pod)
+    status = dict(pod.get("status") or {})
+    if pod_ip:
+        status["podIP"], status["podIPs"] = pod_ip, [{"ip": pod_ip}]
+    status["hostIP"], status["hostIPs"] = host_ip, [{"ip": host_ip}]
+    view["status"] = status
+    return view
+
+
+def _log_tail(path: Path, lines: int = 80, limit: int = 2048) -> str:
+    try:
+        data = path.read_bytes()[-limit * 4:].decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])[-limit:]
