@@ -17,6 +17,7 @@ import re
 import subprocess
 import tomllib
 from pathlib import Path, PurePosixPath
+from urllib.parse import urlparse
 
 import pytest
 import yaml
@@ -75,15 +76,19 @@ def chart(helm, tmp_path_factory) -> Helm:
     return Helm(helm, tmp_path_factory.mktemp("values"))
 
 
-def ci_values(ci: str | None) -> dict:
-    """The effective values of a ci file: its keys over values.yaml (one level deep is enough here)."""
+def _merged(base: dict, over: dict) -> dict:
+    """``over`` over ``base``, maps merged at every depth (as helm merges values files)."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def ci_values(ci: str | None, extra: dict | None = None) -> dict:
+    """The effective values of a ci file (and ``extra`` values over it)."""
     merged = json.loads(json.dumps(VALUES))
-    for key, value in (yaml.safe_load((CHART / "ci" / ci).read_text()) if ci else {}).items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = {**merged[key], **value}
-        else:
-            merged[key] = value
-    return merged
+    merged = _merged(merged, yaml.safe_load((CHART / "ci" / ci).read_text()) if ci else {})
+    return _merged(merged, extra or {})
 
 
 def of_kind(docs: list[dict], kind: str) -> list[dict]:
@@ -100,6 +105,21 @@ def operator_container(docs: list[dict]) -> dict:
     return one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
 
 
+def class_groups(rc: dict) -> dict[str, dict]:
+    """The RayCluster's worker groups of GPU classes (all but the drivers group), by name."""
+    return {g["groupName"]: g for g in rc["spec"]["workerGroupSpecs"] if g["groupName"] != DRIVERS}
+
+
+def drivers_group(rc: dict) -> dict:
+    (group,) = [g for g in rc["spec"]["workerGroupSpecs"] if g["groupName"] == DRIVERS]
+    return group
+
+
+def ray_containers(rc: dict) -> list[tuple[str, dict]]:
+    """(where, container) of every Ray container of the RayCluster (head, drivers, classes)."""
+    return [(where, pod["containers"][0]) for where, pod in pod_specs([rc])]
+
+
 def pod_specs(docs: list[dict]) -> list[tuple[str, dict]]:
     """(where, pod spec) of every pod the chart renders."""
     specs = [(f"Deployment/{d['metadata']['name']}", d["spec"]["template"]["spec"])
@@ -111,6 +131,11 @@ def pod_specs(docs: list[dict]) -> list[tuple[str, dict]]:
 
 
 MODES = [None, *[p.name for p in CI_VALUES]]
+KUBERAY_CI = [p.name for p in CI_VALUES if ci_values(p.name)["ray"]["mode"] == "kuberay"]
+DRIVERS = "drivers"  # the drivers' worker group, and its Ray resource vj-driver
+DRIVER_RESOURCE = "vj-driver"
+# kuberay without a token Secret is refused; tests that set other values give one
+TOKEN = {"ray": {"mode": "kuberay", "auth": {"existingSecret": "ray-token"}}}
 
 
 def test_ci_values_cover_every_mode():
@@ -127,13 +152,18 @@ def test_lint_strict(chart, ci):
 # --- kuberay: the RayCluster and the inventory ---------------------------------------------
 
 def test_kuberay_worker_group_per_gpu_class(chart):
+    """One group per class; its Ray resources in KubeRay's worker-group `resources` field
+    (KubeRay 1.5 writes them into `ray start` single-quoted), never as JSON in
+    rayStartParams, which KubeRay pastes unquoted into bash (tests/test_chart_install.py
+    runs the command KubeRay made through bash)."""
     docs = chart.render("kuberay-gpu.yaml")
     classes = ci_values("kuberay-gpu.yaml")["gpuClasses"]
     assert len(classes) >= 2, "the kuberay ci values should have several GPU classes"
-    spec = one(docs, "RayCluster")["spec"]
-    groups = spec["workerGroupSpecs"]
-    assert [g["groupName"] for g in groups] == [c["name"] for c in classes]
-    for klass, group in zip(classes, groups):
+    rc = one(docs, "RayCluster")
+    spec = rc["spec"]
+    groups = class_groups(rc)
+    assert [g["groupName"] for g in spec["workerGroupSpecs"]] == [DRIVERS, *[c["name"] for c in classes]]
+    for klass, group in zip(classes, groups.values()):
         where = f"worker group {group['groupName']}"
         (container,) = group["template"]["spec"]["containers"]
         assert container["resources"]["limits"]["nvidia.com/gpu"] == klass["gpusPerPod"], where
@@ -142,8 +172,9 @@ def test_kuberay_worker_group_per_gpu_class(chart):
         # replicas belongs to the autoscaler: only an upgrade writes it, the live value
         # (test_chart_install.py); helm template sees no live RayCluster
         assert "replicas" not in group, f"{where}: replicas belongs to the autoscaler"
-        resources = json.loads(group["rayStartParams"]["resources"])
-        assert resources == {class_resource(klass["name"]): klass["gpusPerPod"]}, where
+        assert group["resources"] == {class_resource(klass["name"]): str(klass["gpusPerPod"])}, where
+        for flag in ("resources", "num-cpus", "num-gpus", "memory"):
+            assert flag not in group["rayStartParams"], f"{where}: {flag} beside the resources field (KubeRay refuses it)"
     head = spec["headGroupSpec"]
     assert head["rayStartParams"].get("num-cpus") == "0"
     assert head["rayStartParams"].get("num-gpus", "0") == "0"
@@ -152,6 +183,40 @@ def test_kuberay_worker_group_per_gpu_class(chart):
             assert "nvidia.com/gpu" not in container.get("resources", {}).get(part, {}), "the head has no GPU"
     assert spec["enableInTreeAutoscaling"] is True
     assert spec["autoscalerOptions"]["version"] == "v2"
+
+
+@pytest.mark.parametrize("ci", KUBERAY_CI)
+def test_kuberay_groups_as_rays_autoscaler_reads_them(chart, ci, tmp_path):
+    """Ray's own autoscaler code (ray 2.60, kuberay/autoscaling_config.py, what KubeRay's
+    sidecar runs) reads the rendered RayCluster: every class's node type offers its class
+    resource and a CPU per rank (a GPU rank's bundle is {GPU: 1, CPU: 1}; a CPU class
+    offers gpusPerPod CPUs), the drivers' type only vj-driver slots and no CPU, the head
+    no CPU. Before the fix it raised: it drops the first and last character of
+    rayStartParams.resources (bare JSON), and a GPU class without a CPU request has no
+    CPU count."""
+    from ray.autoscaler._private.kuberay.autoscaling_config import _derive_autoscaling_config_from_ray_cr
+
+    docs = chart.render(ci)
+    values = ci_values(ci)
+    inventory = _inventory(docs, tmp_path)
+    rc = one(docs, "RayCluster")
+    types = _derive_autoscaling_config_from_ray_cr(rc)["available_node_types"]
+    assert set(types) == {"headgroup", DRIVERS, *[c.name for c in inventory.classes]}
+    assert types["headgroup"]["resources"]["CPU"] == 0
+    drivers = types[DRIVERS]
+    slots = values["ray"]["kuberay"]["drivers"]["slotsPerPod"]
+    assert drivers["resources"]["CPU"] == 0 and drivers["resources"][DRIVER_RESOURCE] == slots
+    assert "GPU" not in drivers["resources"]
+    assert (drivers["min_workers"], drivers["max_workers"]) == (values["ray"]["kuberay"]["drivers"]["minReplicas"],
+                                                                  values["ray"]["kuberay"]["drivers"]["maxReplicas"])
+    for klass in inventory.classes:
+        offered = types[klass.name]["resources"]
+        if inventory.uses_class_resources:
+            assert offered[klass.resource] == klass.gpus_per_pod, klass.name
+        assert offered["CPU"] >= klass.gpus_per_pod, f"{klass.name}: one CPU per rank"
+        assert offered.get("GPU", 0) == (klass.gpus_per_pod if inventory.device == "cuda" else 0), klass.name
+        assert DRIVER_RESOURCE not in offered, klass.name
+        assert types[klass.name]["max_workers"] == klass.max_pods
 
 
 def test_kuberay_images_and_ray_version(chart):
@@ -179,27 +244,221 @@ def _inventory(docs: list[dict], tmp_path: Path):
     return load_inventory(str(local))
 
 
-def test_inventory_configmap_is_the_worker_groups(chart, tmp_path):
-    docs = chart.render("kuberay-gpu.yaml")
+@pytest.mark.parametrize("ci", KUBERAY_CI)
+def test_inventory_configmap_is_the_worker_groups(chart, ci, tmp_path):
+    docs = chart.render(ci)
     inventory = _inventory(docs, tmp_path)
-    groups = {g["groupName"]: g for g in one(docs, "RayCluster")["spec"]["workerGroupSpecs"]}
+    groups = class_groups(one(docs, "RayCluster"))
     assert [c.name for c in inventory.classes] == list(groups)
-    assert inventory.device == "cuda" and inventory.uses_class_resources
-    for klass, values in zip(inventory.classes, ci_values("kuberay-gpu.yaml")["gpuClasses"]):
+    cuda = inventory.device == "cuda"
+    assert inventory.device == (ci_values(ci)["inventory"]["device"] or "cuda")
+    assert inventory.uses_class_resources, "the kuberay examples carry vj-class-<name> in every bundle"
+    for klass, values in zip(inventory.classes, ci_values(ci)["gpuClasses"]):
         group = groups[klass.name]
-        assert klass.gpus_per_pod == group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert limits.get("nvidia.com/gpu") == (klass.gpus_per_pod if cuda else None)
         assert klass.max_pods == group["maxReplicas"]
         assert klass.node.gpu_memory == parse_bytes(values["gpuMemory"])
-        assert json.loads(group["rayStartParams"]["resources"]) == {klass.resource: klass.gpus_per_pod}
+        offered = {klass.resource: str(klass.gpus_per_pod)} | ({} if cuda else {"CPU": str(klass.gpus_per_pod)})
+        assert group["resources"] == offered
+
+
+def test_kuberay_cpu_values_for_the_end_to_end_test(chart, tmp_path):
+    """ci/kuberay-cpu.yaml (the end-to-end test's install): two CPU classes on their own node
+    pools, class resources on, no nvidia.com/gpu anywhere, a small object store on every
+    Ray node, the token, the shared claim, and operator settings for a fast test."""
+    docs = chart.render("kuberay-cpu.yaml")
+    inventory = _inventory(docs, tmp_path)
+    assert inventory.device == "cpu" and inventory.uses_class_resources
+    assert [c.name for c in inventory.classes] == ["cpu-a", "cpu-b"]
+    rc = one(docs, "RayCluster")
+    for klass, pool in zip(inventory.classes, "ab"):
+        assert klass.gpus_per_pod == 2 and klass.max_pods == 1
+        group = class_groups(rc)[klass.name]
+        assert group["template"]["spec"]["nodeSelector"] == {"videojob.io/e2e-pool": pool}
+    for where, container in ray_containers(rc):
+        for part in ("limits", "requests"):
+            assert "nvidia.com/gpu" not in container["resources"].get(part, {}), where
+        assert parse_bytes(container["resources"]["requests"]["memory"]) <= 2**30, f"{where}: a small request"
+    starts = [rc["spec"]["headGroupSpec"]["rayStartParams"], *[g["rayStartParams"] for g in rc["spec"]["workerGroupSpecs"]]]
+    assert all(50e6 <= int(p["object-store-memory"]) <= 200e6 for p in starts), starts
+    assert rc["spec"]["autoscalerOptions"]["idleTimeoutSeconds"] == 15
+    values = ci_values("kuberay-cpu.yaml")
+    assert values["ray"]["auth"]["existingSecret"] == "videojob-ray-token"
+    assert one(docs, "PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteMany"]
+    env = env_of(operator_container(docs))
+    assert (env["VIDEOJOB_CPUS_PER_RANK"], env["VIDEOJOB_WARM_GROUP_TTL_S"], env["VIDEOJOB_PLACEMENT_TIMEOUT_S"],
+            env["VIDEOJOB_POLL_INTERVAL_S"]) == ("1", "5", "20", "0.5")
+    assert values["image"] == VALUES["image"], "the pod runner maps the chart's default images"
 
 
 @pytest.mark.parametrize("ci", [None, "embedded.yaml", "address.yaml"])
 def test_no_raycluster_outside_kuberay(chart, ci, tmp_path):
     docs = chart.render(ci)
     assert not of_kind(docs, "RayCluster")
+    assert not of_kind(docs, "NetworkPolicy")
     inventory = _inventory(docs, tmp_path)  # every mode has the inventory
     assert [c.name for c in inventory.classes] == [c["name"] for c in ci_values(ci)["gpuClasses"]]
     assert inventory.device == ("cpu" if ci_values(ci)["ray"]["mode"] == "embedded" else "cuda")
+
+
+# --- kuberay: drivers off the head, inputs staged on the data volume --------------------------------
+
+@pytest.mark.parametrize("ci", KUBERAY_CI)
+def test_drivers_run_on_their_own_group(chart, ci, monkeypatch):
+    """A CPU-only `drivers` group advertising vj-driver = slotsPerPod and no CPU (no rank
+    lands there), scaled by the autoscaler like the class groups; the operator makes every
+    driver ask for one vj-driver (VIDEOJOB_DRIVER_RESOURCES, read by its own settings), so
+    no driver or JobSupervisor runs on the head."""
+    docs = chart.render(ci)
+    values = ci_values(ci)["ray"]["kuberay"]["drivers"]
+    rc = one(docs, "RayCluster")
+    group = drivers_group(rc)
+    assert group["resources"] == {"CPU": "0", DRIVER_RESOURCE: str(values["slotsPerPod"])}
+    assert (group["minReplicas"], group["maxReplicas"]) == (values["minReplicas"], values["maxReplicas"])
+    assert "replicas" not in group
+    (container,) = group["template"]["spec"]["containers"]
+    assert container["resources"] == values["resources"]
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    assert group["rayStartParams"] == values["rayStartParams"]
+    # the same runtime environment, volumes and token as the other Ray containers
+    head = rc["spec"]["headGroupSpec"]["template"]["spec"]
+    (_, klass), *_ = class_groups(rc).items()
+    worker = klass["template"]["spec"]
+    assert env_of(container) == env_of(worker["containers"][0]) == env_of(head["containers"][0])
+    assert container["volumeMounts"] == worker["containers"][0]["volumeMounts"]
+    assert group["template"]["spec"]["volumes"] == worker["volumes"]
+
+    env = env_of(operator_container(docs))
+    assert json.loads(env["VIDEOJOB_DRIVER_RESOURCES"]) == {DRIVER_RESOURCE: 1}
+    for name in [n for n in os.environ if n.startswith("VIDEOJOB_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("VIDEOJOB_DRIVER_RESOURCES", env["VIDEOJOB_DRIVER_RESOURCES"])
+    assert OperatorSettings().entrypoint_resources == {DRIVER_RESOURCE: 1.0}
+    # more resources of the user's own are kept beside it
+    docs = chart.render(ci, {"operator": {"settings": {"driverResources": {"pool-x": 0.5}}}})
+    env = env_of(operator_container(docs))
+    assert json.loads(env["VIDEOJOB_DRIVER_RESOURCES"]) == {DRIVER_RESOURCE: 1, "pool-x": 0.5}
+
+
+@pytest.mark.parametrize("ci", [None, "embedded.yaml", "address.yaml"])
+def test_drivers_ask_for_nothing_outside_kuberay(chart, ci, monkeypatch):
+    """No drivers' group there: a driver runs wherever Ray puts it (the embedded head, or
+    the address cluster's choice), unless operator.settings.driverResources says otherwise."""
+    for name in [n for n in os.environ if n.startswith("VIDEOJOB_")]:
+        monkeypatch.delenv(name)
+    env = env_of(operator_container(chart.render(ci)))
+    if "VIDEOJOB_DRIVER_RESOURCES" in env:
+        monkeypatch.setenv("VIDEOJOB_DRIVER_RESOURCES", env["VIDEOJOB_DRIVER_RESOURCES"])
+    assert OperatorSettings().entrypoint_resources == {}
+    mine = {"vj-driver-pool": 2}
+    env = env_of(operator_container(chart.render(ci, {"operator": {"settings": {"driverResources": mine}}})))
+    assert json.loads(env["VIDEOJOB_DRIVER_RESOURCES"]) == mine
+
+
+@pytest.mark.parametrize("ci", [*KUBERAY_CI, "embedded.yaml"])
+def test_inputs_are_staged_on_the_data_volume(chart, ci, monkeypatch):
+    """https inputs: the driver fetches them into VIDEOJOB_INPUT_STAGING_ROOT, which the
+    runtime's settings read; in every container that runs the runtime it is the same
+    directory of the data volume, so ranks on other pods read what the driver fetched."""
+    from videojob.settings import RunSettings
+
+    docs = chart.render(ci)
+    if of_kind(docs, "RayCluster"):
+        containers = ray_containers(one(docs, "RayCluster"))
+    else:
+        containers = [("operator", operator_container(docs))]
+    pods = dict(pod_specs(docs))
+    roots = set()
+    for where, container in containers:
+        monkeypatch.setenv("VIDEOJOB_INPUT_STAGING_ROOT", env_of(container)["VIDEOJOB_INPUT_STAGING_ROOT"])
+        root = PurePosixPath(RunSettings().input_staging_root)
+        roots.add(root)
+        data = {v["name"] for v in pods[where if where != "operator" else next(iter(pods))]["volumes"]
+                if "persistentVolumeClaim" in v}
+        mounts = [PurePosixPath(m["mountPath"]) for m in container["volumeMounts"] if m["name"] in data]
+        assert any(root.is_relative_to(m) and root != m for m in mounts), f"{where}: {root} not on {mounts}"
+    assert len(roots) == 1, roots
+
+
+# --- kuberay: security ------------------------------------------------------------------------------
+
+def test_kuberay_requires_a_token(chart):
+    """The schema refuses kuberay mode without ray.auth.existingSecret, naming it; with
+    schema validation skipped the template says what to do."""
+    result = chart.template(values={"ray": {"mode": "kuberay"}})
+    assert result.returncode != 0, "kuberay without a token was accepted"
+    assert "/ray/auth/existingSecret" in result.stderr, result.stderr
+    skipped = chart.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--skip-schema-validation",
+                        "--set", "ray.mode=kuberay")
+    assert skipped.returncode != 0
+    assert "ray.auth.existingSecret" in skipped.stderr and "kubectl create secret" in skipped.stderr, skipped.stderr
+    docs = chart.render(values=TOKEN)
+    for where, container in ray_containers(one(docs, "RayCluster")):
+        env = {e["name"]: e for e in container["env"]}
+        assert env["RAY_AUTH_MODE"]["value"] == "token", where
+        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "ray-token", where
+
+
+@pytest.mark.parametrize("ci", KUBERAY_CI)
+def test_network_policy_lets_in_only_the_operator_and_ray(chart, ci):
+    """Ray pods (every pod KubeRay makes carries ray.io/cluster) take traffic only from the
+    RayCluster's own pods and, on the dashboard port, from the operator pod. The loopback
+    test cluster has no CNI that enforces it: test_chart_install.py checks the object the
+    API server accepted, not traffic."""
+    docs = chart.render(ci)
+    rc = one(docs, "RayCluster")
+    policy = one(docs, "NetworkPolicy")
+    own = {"ray.io/cluster": rc["metadata"]["name"]}
+    assert policy["spec"]["podSelector"] == {"matchLabels": own}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    among, operator = policy["spec"]["ingress"]
+    assert among == {"from": [{"podSelector": {"matchLabels": own}}]}
+    operator_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    (peer,) = operator["from"]
+    assert peer.keys() == {"podSelector"} and peer["podSelector"]["matchLabels"].items() <= operator_labels.items()
+    head = rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    dashboard = next(p["containerPort"] for p in head["ports"] if p["name"] == "dashboard")
+    assert operator["ports"] == [{"protocol": "TCP", "port": dashboard}]
+    assert urlparse(env_of(operator_container(docs))["VIDEOJOB_RAY_DASHBOARD_URL"]).port == dashboard
+    # the operator pod itself is not a Ray pod
+    assert not own.items() <= operator_labels.items()
+
+    extra = {"from": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}], "ports": [{"port": 8080}]}
+    docs = chart.render(ci, {"ray": {"kuberay": {"networkPolicy": {"extraIngress": [extra]}}}})
+    assert one(docs, "NetworkPolicy")["spec"]["ingress"][2:] == [extra]
+    docs = chart.render(ci, {"ray": {"kuberay": {"networkPolicy": {"enabled": False}}}})
+    assert not of_kind(docs, "NetworkPolicy")
+
+
+@pytest.mark.parametrize("ci", KUBERAY_CI)
+def test_service_account_token_only_in_the_autoscaler(chart, ci):
+    """The operator mounts its token; Ray pods mount none (automountServiceAccountToken:
+    false), but the head pod has a projected token volume (token, the cluster CA, the
+    namespace: what kube-api-access holds) that only KubeRay's autoscaler sidecar mounts,
+    at the path Ray's autoscaler reads (autoscalerOptions.volumeMounts)."""
+    from ray.autoscaler._private.kuberay import node_provider
+
+    docs = chart.render(ci)
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    rc = one(docs, "RayCluster")
+    for where, pod in pod_specs([rc]):
+        assert pod["automountServiceAccountToken"] is False, where
+        assert "serviceAccountName" not in pod, f"{where}: KubeRay names the head's (the autoscaler's role)"
+        for container in pod["containers"]:
+            assert not any(m["mountPath"].startswith("/var/run/secrets/kubernetes.io") for m in container["volumeMounts"])
+    head = rc["spec"]["headGroupSpec"]["template"]["spec"]
+    (mount,) = [m for m in rc["spec"]["autoscalerOptions"]["volumeMounts"] if m["mountPath"] != "/tmp"]
+    token_dir = PurePosixPath(node_provider.IN_CLUSTER_TOKEN_PATH).parent
+    assert PurePosixPath(mount["mountPath"]) == token_dir == PurePosixPath(node_provider.IN_CLUSTER_CA_CERT_PATH).parent
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in head["volumes"] if v["name"] == mount["name"]]
+    sources = volume["projected"]["sources"]
+    assert {"serviceAccountToken": {"path": PurePosixPath(node_provider.IN_CLUSTER_TOKEN_PATH).name,
+                                    "expirationSeconds": 3607}} in sources
+    paths = {i["path"] for s in sources for i in (s.get("configMap") or s.get("downwardAPI") or {}).get("items", [])}
+    assert paths == {"ca.crt", "namespace"}
+    assert not any(v["name"] == mount["name"] for _, p in pod_specs([rc])[1:] for v in p["volumes"])
 
 
 # --- RBAC -----------------------------------------------------------------------------------
@@ -280,9 +539,11 @@ def test_operator_env_is_what_the_operator_reads(chart, ci, monkeypatch):
         assert settings.namespaces == (values["watch"].get("namespaces") or [NAMESPACE])
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert settings.metrics_port == ports["metrics"]
-    for key in VALUES["operator"]["settings"]:
+    for key, value in values["operator"]["settings"].items():
         name = re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
-        assert getattr(settings, name) == OperatorSettings.model_fields[name].default, f"operator.settings.{key}"
+        if key == "driverResources" and mode == "kuberay":  # one slot of the drivers' group, always
+            value = {**(value or {}), DRIVER_RESOURCE: 1}
+        assert getattr(settings, name) == value, f"operator.settings.{key}"
     if values["ray"]["auth"].get("existingSecret") and mode != "embedded":
         token = PurePosixPath(settings.ray_token_file)
         mount = next(m for m in container["volumeMounts"] if PurePosixPath(m["mountPath"]) == token.parent)
@@ -307,7 +568,8 @@ def test_existing_claim_is_mounted_not_created(chart, mode, monkeypatch):
     from videojob_runtime import locations
 
     claim = "shared-videos"
-    docs = chart.render(values={"ray": {"mode": mode}, "persistence": {"existingClaim": claim}})
+    docs = chart.render(values=_merged(TOKEN if mode == "kuberay" else {"ray": {"mode": mode}},
+                                       {"persistence": {"existingClaim": claim}}))
     assert not of_kind(docs, "PersistentVolumeClaim")
     runtime_pods = [(w, p) for w, p in pod_specs(docs) if mode == "embedded" or w.startswith("RayCluster")]
     assert runtime_pods
@@ -330,6 +592,40 @@ def test_default_creates_the_claim_it_mounts(chart):
     pvc = one(docs, "PersistentVolumeClaim")
     volumes = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
     assert pvc["metadata"]["name"] in [v.get("persistentVolumeClaim", {}).get("claimName") for v in volumes]
+
+
+@pytest.mark.parametrize("ci,modes", [
+    (None, ["ReadWriteOnce"]), ("embedded.yaml", ["ReadWriteOnce"]), *[(ci, ["ReadWriteMany"]) for ci in KUBERAY_CI],
+])
+def test_claim_access_modes_follow_the_mode(chart, ci, modes):
+    """Empty persistence.accessModes (the default): ReadWriteMany where the head, driver and
+    worker pods on several nodes mount the claim (kuberay), ReadWriteOnce where one pod does."""
+    assert VALUES["persistence"]["accessModes"] == []
+    docs = chart.render(ci, {"persistence": {"accessModes": []}})
+    assert one(docs, "PersistentVolumeClaim")["spec"]["accessModes"] == modes
+
+
+def test_kuberay_claim_without_read_write_many_is_refused(chart):
+    """The schema refuses a kuberay claim that only one node can mount, naming the value; with
+    schema validation skipped the template says the value and the fix. Explicit lists with
+    ReadWriteMany pass, and other modes may use ReadWriteOnce."""
+    bad = _merged(TOKEN, {"persistence": {"accessModes": ["ReadWriteOnce"]}})
+    result = chart.template(values=bad)
+    assert result.returncode != 0, "kuberay with a ReadWriteOnce claim was accepted"
+    assert "/persistence/accessModes" in result.stderr, result.stderr
+    skipped = chart.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--skip-schema-validation",
+                        "--set", "ray.mode=kuberay", "--set", "ray.auth.existingSecret=t",
+                        "--set", "persistence.accessModes={ReadWriteOnce}")
+    assert skipped.returncode != 0
+    assert "persistence.accessModes" in skipped.stderr and "ReadWriteMany" in skipped.stderr, skipped.stderr
+    good = _merged(TOKEN, {"persistence": {"accessModes": ["ReadWriteMany", "ReadOnlyMany"]}})
+    assert one(chart.render(values=good), "PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteMany",
+                                                                                              "ReadOnlyMany"]
+    rwo = {"ray": {"mode": "embedded"}, "persistence": {"accessModes": ["ReadWriteOnce"]}}
+    assert one(chart.render(values=rwo), "PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteOnce"]
+    # an existing claim is the user's (README: it must be ReadWriteMany); the chart makes none
+    existing = _merged(TOKEN, {"persistence": {"existingClaim": "shared"}})
+    assert not of_kind(chart.render(values=existing), "PersistentVolumeClaim")
 
 
 def test_service_monitor_only_when_enabled(chart):
@@ -356,6 +652,38 @@ def _class(**overrides) -> dict:
 ], ids=["unknown-key", "bad-mode", "negative-gpus", "no-gpu-memory"])
 def test_schema_refuses(chart, values, problem):
     result = chart.template(values=values)
+    assert result.returncode != 0, f"helm template accepted {values}"
+    assert re.search(problem, result.stderr), f"the error does not name the problem ({problem}):\n{result.stderr}"
+
+
+def test_extra_ray_start_params(chart):
+    """Extra `ray start` flags for the head, the drivers and each class land in their
+    rayStartParams (strings, as KubeRay takes them); the chart's own head flags stay."""
+    store = {"object-store-memory": "100000000"}
+    values = _merged(TOKEN, {"ray": {"kuberay": {"head": {"rayStartParams": store},
+                                                 "drivers": {"rayStartParams": {"temp-dir": "/tmp/ray"}}}},
+                             "gpuClasses": [_class(rayStartParams={**store, "system-config": "'{\"a\": 1}'"})]})
+    rc = one(chart.render(values=values), "RayCluster")
+    assert rc["spec"]["headGroupSpec"]["rayStartParams"] == {"num-cpus": "0", "dashboard-host": "0.0.0.0", **store}
+    assert drivers_group(rc)["rayStartParams"] == {"temp-dir": "/tmp/ray"}
+    assert class_groups(rc)["a100-80"]["rayStartParams"] == {**store, "system-config": "'{\"a\": 1}'"}
+
+
+@pytest.mark.parametrize("values,problem", [
+    ({"gpuClasses": [_class(rayStartParams={"num-cpus": "4"})]}, r"/gpuClasses/0/rayStartParams"),
+    ({"gpuClasses": [_class(rayStartParams={"resources": "'{\"x\": 1}'"})]}, r"/gpuClasses/0/rayStartParams"),
+    ({"ray": {"kuberay": {"drivers": {"rayStartParams": {"memory": "1000"}}}}}, r"/ray/kuberay/drivers/rayStartParams"),
+    ({"ray": {"kuberay": {"head": {"rayStartParams": {"system-config": '{"a": 1}'}}}}},
+     r"/ray/kuberay/head/rayStartParams/system-config"),
+    ({"ray": {"kuberay": {"head": {"rayStartParams": {"object-store-memory": 100000000}}}}},
+     r"/ray/kuberay/head/rayStartParams/object-store-memory"),
+    ({"gpuClasses": [_class(name="drivers")]}, r"/gpuClasses/0/name"),
+], ids=["class-num-cpus", "class-resources", "drivers-memory", "unquoted-json", "not-a-string", "class-drivers"])
+def test_schema_refuses_ray_start_params_kuberay_sets_or_bash_breaks(chart, values, problem):
+    """Flags the group's `resources` field sets (KubeRay refuses both), flags KubeRay writes,
+    values bash would mangle (double-quoted JSON outside single quotes), non-strings, and a
+    class named like the drivers' group."""
+    result = chart.template(values=_merged(TOKEN, values))
     assert result.returncode != 0, f"helm template accepted {values}"
     assert re.search(problem, result.stderr), f"the error does not name the problem ({problem}):\n{result.stderr}"
 

@@ -86,6 +86,7 @@ RENDERED_ELSEWHERE = {
     "namespaces": "watch.*",
     "metrics_port": "metrics.port",
     "embedded_ray_cpus": "ray.embedded.cpus",
+    "driver_resources": "ray.kuberay.drivers (kuberay: one vj-driver per driver)",
 }
 NOT_IN_CHART = {"allow_fault_injection"}
 
@@ -109,14 +110,16 @@ def test_operator_settings_are_the_operators_own():
 
 
 def test_env_names_in_templates_are_real_settings():
-    """Every VIDEOJOB_* the templates write is an OperatorSettings field or a runtime root
+    """Every VIDEOJOB_* the templates write is an OperatorSettings field, a runtime setting
+    (RunSettings: the runtime in the Ray containers) or a runtime root
     (runtime/videojob_runtime/locations.py); camelCase keys become VIDEOJOB_<SNAKE_CASE>."""
-    from videojob.settings import OperatorSettings
+    from videojob.settings import OperatorSettings, RunSettings
 
     locations = (REPO / "runtime" / "videojob_runtime" / "locations.py").read_text()
     runtime_roots = set(re.findall(r'"(VIDEOJOB_[A-Z_]+)"', locations))
     assert {"VIDEOJOB_OUTPUT_ROOT", "VIDEOJOB_MODEL_ROOT", "VIDEOJOB_DATA_ROOT", "VIDEOJOB_VOLUMES_ROOT"} <= runtime_roots
-    known = {f"VIDEOJOB_{name.upper()}" for name in OperatorSettings.model_fields} | runtime_roots
+    known = {f"VIDEOJOB_{name.upper()}" for name in [*OperatorSettings.model_fields, *RunSettings.model_fields]}
+    known |= runtime_roots
     text = "".join(p.read_text() for p in (CHART / "templates").glob("*"))
     written = set(re.findall(r"VIDEOJOB_[A-Z][A-Z_]*[A-Z]", text))
     assert written, "no VIDEOJOB_ variables found in the templates"

@@ -102,6 +102,23 @@ cuda
 {{- default (printf "%s-data" (include "videojob.fullname" .)) .Values.persistence.existingClaim -}}
 {{- end -}}
 
+{{/*
+The claim's access modes: persistence.accessModes, or by mode when empty
+(kuberay: the head, driver and worker pods on several nodes mount it at once).
+The schema refuses a kuberay list without ReadWriteMany; this says the fix
+when schema validation was skipped.
+*/}}
+{{- define "videojob.accessModes" -}}
+{{- $modes := .Values.persistence.accessModes -}}
+{{- $kuberay := eq .Values.ray.mode "kuberay" -}}
+{{- if not $modes -}}
+{{- $modes = list (ternary "ReadWriteMany" "ReadWriteOnce" $kuberay) -}}
+{{- else if and $kuberay (not (has "ReadWriteMany" $modes)) -}}
+{{- fail (printf "persistence.accessModes %v: ray.mode kuberay mounts the data claim in the head, driver and worker pods on several nodes at once, so it needs ReadWriteMany; set persistence.accessModes=[ReadWriteMany] (a storage class that offers it) or leave it empty" $modes) -}}
+{{- end -}}
+{{- toYaml $modes -}}
+{{- end -}}
+
 {{- define "videojob.dataMountPath" -}}
 {{- printf "%s/%s" .Values.persistence.mountRoot (include "videojob.claimName" .) -}}
 {{- end -}}
@@ -153,6 +170,9 @@ The data volume (the claim, or an emptyDir when persistence is off), /tmp and
   value: {{ printf "%s/inputs" $data | quote }}
 - name: HF_HOME
   value: {{ printf "%s/huggingface" $data | quote }}
+{{- /* https inputs: the driver fetches them into a per-job directory here, where the ranks on other pods read them */}}
+- name: VIDEOJOB_INPUT_STAGING_ROOT
+  value: {{ printf "%s/staging" $data | quote }}
 - name: HF_HUB_OFFLINE
   value: "1"
 {{- with .Values.runtime.extraEnv }}
@@ -160,7 +180,7 @@ The data volume (the claim, or an emptyDir when persistence is off), /tmp and
 {{- end }}
 {{- end -}}
 
-{{/* Ray's token auth in every Ray container of the rendered cluster (kuberay mode, when a token Secret is named). */}}
+{{/* Ray's token auth in every Ray container of the rendered cluster (kuberay mode: the schema requires the Secret). */}}
 {{- define "videojob.rayAuthEnv" -}}
 {{- if .Values.ray.auth.existingSecret -}}
 - name: RAY_AUTH_MODE
