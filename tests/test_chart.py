@@ -276,6 +276,14 @@ def test_kuberay_cpu_values_for_the_end_to_end_test(chart, tmp_path):
         assert klass.gpus_per_pod == 2 and klass.max_pods == 1
         group = class_groups(rc)[klass.name]
         assert group["template"]["spec"]["nodeSelector"] == {"videojob.io/e2e-pool": pool}
+    # the rest on the system pool (hack/cluster/runner-nodes.yaml), off the classes' nodes
+    system = {"videojob.io/e2e-pool": "system"}
+    assert rc["spec"]["headGroupSpec"]["template"]["spec"]["nodeSelector"] == system
+    assert drivers_group(rc)["template"]["spec"]["nodeSelector"] == system
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["nodeSelector"] == system
+    runner_nodes = [n for n in yaml.safe_load_all((REPO / "hack" / "cluster" / "runner-nodes.yaml").read_text()) if n]
+    pools = {n["metadata"]["labels"].get("videojob.io/e2e-pool") for n in runner_nodes}
+    assert {"system", "a", "b"} <= pools, f"the pod runner's nodes lack a pool the file selects: {pools}"
     for where, container in ray_containers(rc):
         for part in ("limits", "requests"):
             assert "nvidia.com/gpu" not in container["resources"].get(part, {}), where
