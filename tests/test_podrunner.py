@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import stat
 import time
 from pathlib import Path
 
@@ -353,8 +352,11 @@ def test_security_context(runner, namespace):
                                   "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}])
     nonroot = python_pod("nonroot", runner.node, "print('ran')", restartPolicy="Never",
                          securityContext={"runAsNonRoot": True})
-    api.create(ns, pod)
-    api.create(ns, nonroot)
+    # the venv's interpreter behind a dir only root may enter: the runner opens the way for the user
+    venv_user = python_pod("venv-user", runner.node, "import os; print('PYUID=%d' % os.getuid())",
+                           restartPolicy="Never", securityContext={"runAsUser": 65532, "runAsGroup": 65532})
+    for p in (pod, nonroot, venv_user):
+        api.create(ns, p)
     done = api.wait_pod(ns, "ids", "finished", lambda p: phase(p) in ("Succeeded", "Failed"))
     out = runner.log(ns, "ids")
     assert phase(done) == "Succeeded", f"{out}\n{cstatus(done, 'main')}"
@@ -362,6 +364,8 @@ def test_security_context(runner, namespace):
     assert ids["UID"] == "1234" and ids["GID"] == "2345", out
     assert {"2345", "3456", "4567"} <= set(ids["GROUPS"].split(",")), out
     assert ids["FILE_GID"] == "3456" and ids["DIR_MODE"] == "2777", "files in an emptyDir belong to the fsGroup"
+    ran = api.wait_pod(ns, "venv-user", "finished", lambda p: phase(p) in ("Succeeded", "Failed"))
+    assert "PYUID=65532" in runner.log(ns, "venv-user"), cstatus(ran, "main")
     refused = api.wait_pod(ns, "nonroot", "refused for runAsNonRoot",
                            lambda p: cstatus(p, "main").get("state", {}).get("waiting", {}).get("reason")
                            == "CreateContainerConfigError")

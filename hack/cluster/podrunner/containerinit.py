@@ -13,7 +13,9 @@ and records its exit code (128+n for signal n) in the exit file -- also when the
 runner that started it is gone -- and exits with that code. If the shim is killed,
 the container gets SIGKILL (parent-death signal).
 
-SPEC: hostname; mounts [{source, target, readOnly, recursive, file}] applied in order
+SPEC: hostname; unmask [{path, upper, work}] (overlays that make host dirs on the way to
+the image's install traversable for a non-root user); mounts [{source, target,
+readOnly, recursive, file}] applied in order
 (bind mounts in the container's own mount namespace); nofile (RLIMIT_NOFILE, raised
 while still root; only to the hard limit where root lacks CAP_SYS_RESOURCE); uid, gid,
 groups; cwd; argv; env; files: pid (the child's host pid), started (written just
@@ -72,6 +74,15 @@ def init(spec, err_fd, started_fd):
         _mount(None, "/", None, MS_REC | MS_PRIVATE)
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         socket.sethostname(spec["hostname"])
+        for u in spec.get("unmask") or []:
+            # A host dir the container's user could not enter (e.g. /root on the way to the
+            # interpreter): an overlay whose fresh upper dir carries a traversable mode.
+            opts = f"lowerdir={u['path']},upperdir={u['upper']},workdir={u['work']}"
+            try:
+                _check(_libc.mount(b"overlay", u["path"].encode(), b"overlay", 0, opts.encode()),
+                       f"overlay on {u['path']}")
+            except OSError as exc:
+                sys.stderr.write(f"podrunner: {exc}: {u['path']} stays closed to uid {spec['uid']}\n")
         # Every source is opened before any mount: a mount over /tmp would hide a state dir in /tmp.
         sources = [os.open(m["source"], os.O_PATH | os.O_CLOEXEC) for m in spec["mounts"]]
         for m, fd in zip(spec["mounts"], sources):

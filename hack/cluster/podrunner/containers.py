@@ -15,6 +15,7 @@ import json
 import os
 import pwd
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -104,16 +105,92 @@ def plan_mounts(pod: dict, container: dict, volumes: dict[str, Mountable], ctr_t
     return mounts
 
 
-def host_paths_to_create(mounts: list[dict], cwd: str) -> list[tuple[str, bool]]:
-    """Mount points and the working dir that would have to be made on the host itself
-    (not inside /tmp, /dev/shm or another mount of the container): (path, is_file)."""
+_SYSTEM_BIN = {"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}
+
+
+def install_paths(env: dict[str, str], cwd: str) -> list[str]:
+    """Host paths a container needs to reach to run its image's install: the PATH dirs
+    (and where their symlinks lead, outside the system dirs), VIRTUAL_ENV and its
+    interpreter's home (pyvenv.cfg), the working dir."""
+    paths = [cwd]
+    for d in (env.get("PATH") or "").split(":"):
+        if not d:
+            continue
+        paths.append(d)
+        if d not in _SYSTEM_BIN and os.path.isdir(d):
+            try:
+                for entry in os.scandir(d):
+                    if entry.is_symlink():
+                        paths.append(os.path.dirname(os.path.realpath(entry.path)))
+            except OSError:
+                pass
+    venv = env.get("VIRTUAL_ENV")
+    if venv:
+        paths.append(venv)
+        try:
+            for line in Path(venv, "pyvenv.cfg").read_text().splitlines():
+                key, _, value = line.partition("=")
+                if key.strip() == "home":
+                    paths.append(value.strip())
+        except OSError:
+            pass
+    return list(dict.fromkeys(paths))
+
+
+def blocked_dirs(paths: list[str], uid: int, gid: int, groups: list[int]) -> list[str]:
+    """Host dirs on the way to `paths` that uid (with gid/groups) may not enter, parents first."""
+    if uid == 0:
+        return []
+    ids = {gid, *groups}
+    out: list[str] = []
+    for p in paths:
+        real = Path(os.path.realpath(p))
+        for d in [*reversed(real.parents), real]:
+            try:
+                st = os.stat(d)
+            except OSError:
+                break
+            if not stat.S_ISDIR(st.st_mode):
+                break
+            bit = 0o100 if st.st_uid == uid else 0o010 if st.st_gid in ids else 0o001
+            if not st.st_mode & bit and str(d) not in out:
+                out.append(str(d))
+    return sorted(out, key=lambda d: d.count("/"))
+
+
+def unmask_specs(blocked: list[str], ctr_dir: Path) -> list[dict]:
+    """Overlay dirs for containerinit: each upper dir has the lower's mode plus x for all."""
+    specs = []
+    for i, d in enumerate(blocked):
+        base = ctr_dir / "unmask" / str(i)
+        upper, work = base / "upper", base / "work"
+        for x in (upper, work):
+            x.mkdir(parents=True, exist_ok=True)
+        st = os.stat(d)
+        os.chown(upper, st.st_uid, st.st_gid)
+        os.chmod(upper, stat.S_IMODE(st.st_mode) | 0o111)
+        specs.append({"path": d, "upper": str(upper), "work": str(work)})
+    return specs
+
+
+def workdir_mount(mounts: list[dict], cwd: str, scratch: Path, uid: int, gid: int) -> list[dict]:
+    """A working dir the host lacks is the image's dir, owned by its user: a per-container
+    scratch dir mounted there, so what the container writes into it stays off the host."""
+    if os.path.exists(cwd) or any(_covers(m["target"], cwd) for m in mounts):
+        return []
+    scratch.mkdir(parents=True, exist_ok=True)
+    os.chown(scratch, uid, gid)
+    return [{"source": str(scratch), "target": cwd, "readOnly": False}]
+
+
+def host_paths_to_create(mounts: list[dict]) -> list[tuple[str, bool]]:
+    """Mount points that would have to be made on the host itself (not inside /tmp,
+    /dev/shm or another mount of the container): (path, is_file)."""
     out = []
     for i, m in enumerate(mounts):
         inside = any(_covers(o["target"], m["target"]) and o["target"] != m["target"] for o in mounts[:i])
         if not inside:
             out.append((m["target"], bool(m.get("file"))))
-    if not any(_covers(m["target"], cwd) for m in mounts):
-        out.append((cwd, False))
     return out
 
 

@@ -64,6 +64,7 @@ class HostPaths:
         self._on_change = on_change
 
     def ensure(self, paths: list[tuple[str, bool]]) -> None:
+        """Create the missing mount points (dirs, or empty files for file mounts)."""
         changed = False
         with self._lock, _registry() as reg:
             for path, is_file in paths:

@@ -3,13 +3,13 @@
 A YAML file:
 
     images:
-      - image: ghcr.io/example/videojob-runtime   # repository; tag/digest ignored; fnmatch globs allowed
+      - image: ghcr.io/example/videojob-runtime   # repository (alias: match); tag/digest ignored; globs allowed
         env: {PATH: /work/main/.venv/bin:/usr/local/bin:/usr/bin:/bin, PYTHONUNBUFFERED: "1"}
         entrypoint: []         # the image's ENTRYPOINT
         cmd: [python]          # the image's CMD
         user: "1000:100"       # the image's USER (uid[:gid], names resolved on this host)
         workingDir: /          # the image's WORKDIR
-        profile: |             # optional: bind-mounted over /etc/profile in its containers
+        profile: |             # optional (alias: etcProfile): bind-mounted over /etc/profile
           ...
 
 A repository matches with or without `docker.io/` and `docker.io/library/`."""
@@ -92,8 +92,15 @@ class ImageMap:
         self.images: list[Image] = []
         for i, e in enumerate(entries):
             where = f"image map {self.path}: images[{i}]"
+            if isinstance(e, dict):
+                e = dict(e)
+                for alias, key in (("match", "image"), ("etcProfile", "profile")):
+                    if alias in e:
+                        if key in e:
+                            raise ImageMapError(f"{where}: give `{key}` or `{alias}`, not both")
+                        e[key] = e.pop(alias)
             if not isinstance(e, dict) or not e.get("image"):
-                raise ImageMapError(f"{where}: each entry needs `image: <repository>`")
+                raise ImageMapError(f"{where}: each entry needs `image: <repository>` (or `match:`)")
             unknown = set(e) - {"image", "env", "entrypoint", "cmd", "user", "workingDir", "profile"}
             if unknown:
                 raise ImageMapError(f"{where}: unknown keys {sorted(unknown)}")

@@ -9,7 +9,6 @@ import os
 import ssl
 import tempfile
 import threading
-import time
 import urllib.parse
 from pathlib import Path
 from typing import Callable, Iterator

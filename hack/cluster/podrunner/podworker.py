@@ -2,7 +2,6 @@
 in order, the containers, probes, restarts with back-off, status, termination."""
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -10,9 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import containers
-from .env import ConfigError, build_env, command_line, final_env
-from .hosts import pod_hostname
-from .images import repository
+from .env import ConfigError
+from .launch import prepare
+from .termination import Termination, field_path as _field
 from .kube import ApiError
 from .network import NetworkError
 from .probes import ProbeSet, Target
@@ -42,7 +41,7 @@ class Ctr:
     target: Target | None = field(default=None, repr=False)
 
 
-class PodWorker(threading.Thread):
+class PodWorker(Termination, threading.Thread):
     def __init__(self, runner: "Runner", pod: dict, adopt: dict | None = None):
         meta = pod["metadata"]
         super().__init__(name=f"pod {meta['namespace']}/{meta['name']}", daemon=True)
@@ -250,40 +249,7 @@ class PodWorker(threading.Thread):
         return 1.0
 
     def _prepare(self, pod: dict, c: Ctr) -> tuple[dict, Target] | None:
-        """The containerinit spec and probe target; None (and a waiting reason) when it cannot start."""
-        cs = c.cs
-        image = self.runner.images().lookup(c.spec.get("image", ""))
-        if image is None:
-            repo = repository(c.spec.get("image", ""))
-            cs.state, cs.reason = "waiting", "ErrImagePull"
-            cs.message = (f'image "{c.spec.get("image")}" is not in the pod runner\'s image map '
-                          f'{self.runner.image_map_path} (add an entry `image: {repo}`)')
-            return None
-        view = _with_ips(pod, self.sandbox.ip, self.runner.network.gateway)
-        try:
-            kenv = build_env(view, c.spec, self.runner.services(), self.runner.get_object,
-                             self.runner.allocatable(pod["spec"].get("nodeName", "")))
-            uid, gid, groups = containers.identity(pod, c.spec, image)
-            hostname, _ = pod_hostname(pod)
-            env = final_env(hostname, image.env, kenv)
-            argv = command_line(c.spec, image, kenv)
-            cwd = c.spec.get("workingDir") or image.working_dir
-            tmp = c.dir / "tmp"
-            tmp.mkdir(parents=True, exist_ok=True)
-            tmp.chmod(0o1777)
-            profile = self.runner.profile_file(image)
-            mounts = containers.plan_mounts(pod, c.spec, self.sandbox.volumes.mounts, tmp, self.sandbox.pod_shm,
-                                            profile, env)
-            self.runner.host_paths.ensure(containers.host_paths_to_create(mounts, cwd))
-        except (ConfigError, VolumeError, ValueError) as exc:
-            cs.state, cs.reason, cs.message = "waiting", "CreateContainerConfigError", str(exc)
-            return None
-        cs.image_id = f"{repository(c.spec.get('image', ''))}@sha256:{image.digest}"
-        spec = {"hostname": hostname, "mounts": mounts, "nofile": containers.NOFILE, "uid": uid, "gid": gid,
-                "groups": groups, "cwd": cwd, "argv": argv, "env": env}
-        target = Target(container=c.spec, pid1=0, env=env, uid=uid, gid=gid, groups=groups, cwd=cwd,
-                        pod_ip=self.sandbox.ip, started_at=time.time())
-        return spec, target
+        return prepare(self.runner, self.sandbox, pod, c.spec, c.cs, c.dir)
 
     def _start(self, pod: dict, c: Ctr, restart: bool = False) -> bool:
         cs = c.cs
@@ -418,81 +384,6 @@ class PodWorker(threading.Thread):
         info("pod finished", pod=self.key, phase=phase)
         self.runner.save_state()
 
-    def _kill_all(self, grace: float, deadline_source=None) -> None:
-        """preStop hooks, SIGTERM, then SIGKILL after grace; every container in parallel."""
-        threads = []
-        for c in self.init + self.main:
-            if c.probes:
-                c.probes.stop()
-            if c.inst is not None and c.inst.alive():
-                t = threading.Thread(target=self._kill_one, args=(c, grace, deadline_source), daemon=True)
-                t.start()
-                threads.append(t)
-        for t in threads:
-            t.join()
-        for c in self.init + self.main:
-            self._collect_exit(self.pod, c)
-
-    def _kill_one(self, c: Ctr, grace: float, deadline_source) -> None:
-        start = time.monotonic()
-
-        def remaining() -> float:
-            g = deadline_source() if deadline_source else grace
-            return max(0.0, g - (time.monotonic() - start))
-
-        hook = ((c.spec.get("lifecycle") or {}).get("preStop"))
-        if hook and c.target is not None and grace > 0:
-            from .probes import run_probe
-            if "sleep" in hook:
-                c.inst.wait(min(remaining(), float(hook["sleep"].get("seconds", 0))))
-            else:
-                ok, msg = run_probe(c.target, {**hook, "timeoutSeconds": max(1, int(remaining()))})
-                if not ok:
-                    self.runner.events.pod_event(self.pod, "Warning", "FailedPreStopHook",
-                                                 f"PreStopHook failed: {msg}", _field(c))
-        c.inst.signal(signal.SIGTERM)
-        while not c.inst.done.is_set() and remaining() > 0:
-            c.inst.done.wait(min(0.2, remaining()))
-        if not c.inst.done.is_set():
-            containers.stop(c.inst, 0)
-
-    def _terminate(self, pod: dict) -> None:
-        """Graceful deletion: stop the containers within the grace period, tear the
-        sandbox down, then delete the Pod object (grace 0, uid precondition)."""
-        info("pod deleting", pod=self.key, grace=pod["metadata"].get("deletionGracePeriodSeconds"))
-        for c in self.init + self.main:
-            if c.inst is not None and c.inst.alive():
-                self.runner.events.pod_event(pod, "Normal", "Killing", f"Stopping container {c.cs.name}", _field(c))
-
-        def grace() -> float:
-            with self.cond:
-                g = self.pod["metadata"].get("deletionGracePeriodSeconds")
-            return float(g if g is not None else self.pod["spec"].get("terminationGracePeriodSeconds", 30))
-
-        self._kill_all(grace(), grace)
-        if not self.terminal:
-            all_ok = all(c.cs.exit_code == 0 for c in self.main if c.cs.state == "terminated")
-            self._phase_override = ("Succeeded" if all_ok else "Failed", None, None)
-            try:
-                self._write_status(self.pod)
-            except Exception:  # noqa: BLE001 - the delete below matters more
-                pass
-        self.sandbox.teardown()
-        self.terminal = True
-        self.runner.delete_pod(self.pod)
-        info("pod deleted", pod=self.key)
-
-    def _node_shutdown(self, reason: str) -> None:
-        grace = min(float(self.pod["spec"].get("terminationGracePeriodSeconds", 30)), self.runner.shutdown_grace)
-        self._kill_all(grace)
-        if not self.terminal and not self.pod["metadata"].get("deletionTimestamp"):
-            self._phase_override = ("Failed", "Terminated", reason)
-            try:
-                self._write_status(self.pod)
-            except Exception:  # noqa: BLE001 - the apiserver may be gone already
-                pass
-        self.sandbox.teardown()
-
     # ---- state file
     def record(self) -> dict:
         sb = self.sandbox
@@ -506,20 +397,6 @@ class PodWorker(threading.Thread):
                                 "startedAt": c.cs.started_at, "restartCount": c.cs.restart_count,
                                 "containerID": c.cs.container_id, "log": str(c.log_path)}
                                for c in self.init + self.main]}
-
-
-def _field(c: Ctr) -> str:
-    return f"spec.{'initContainers' if c.cs.init else 'containers'}{{{c.cs.name}}}"
-
-
-def _with_ips(pod: dict, pod_ip: str | None, host_ip: str) -> dict:
-    view = dict(pod)
-    status = dict(pod.get("status") or {})
-    if pod_ip:
-        status["podIP"], status["podIPs"] = pod_ip, [{"ip": pod_ip}]
-    status["hostIP"], status["hostIPs"] = host_ip, [{"ip": host_ip}]
-    view["status"] = status
-    return view
 
 
 def _log_tail(path: Path, lines: int = 80, limit: int = 2048) -> str:

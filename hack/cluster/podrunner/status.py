@@ -1,7 +1,7 @@
 """Pod status as the kubelet writes it, from the runner's view of the pod (pure functions)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .util import now_rfc3339
 
