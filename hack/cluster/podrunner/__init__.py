@@ -23,17 +23,23 @@ What it emulates
 - Pod network (network.py, proxy.py): a netns per pod on the runner's bridge with an
   address from --pod-cidr (status.podIP), hostname = pod name (spec.hostname/subdomain).
   The `kubernetes` Service's ClusterIP:port (10.96.0.1:443) is served inside every
-  pod's netns and relayed to the apiserver of the kubeconfig.
+  pod's netns (not on the shared bridge: several runners never collide) and relayed
+  to the apiserver of the kubeconfig.
 - Names (hosts.py): a per-pod /etc/hosts with every Service name (`svc.ns`,
   `svc.ns.svc`, `svc.ns.svc.cluster.local`; `svc` within the namespace) resolving to the
   ready endpoints of its EndpointSlices (headless: per-endpoint hostnames too), kept up
   to date; a resolv.conf whose nameserver refuses at once (no DNS timeouts).
-- Containers (containers.py, containerinit.py): init containers in order, then the
-  containers, each in its own PID, mount and UTS namespace inside the pod's netns;
+- Containers (launch.py, containers.py, containerinit.py): init containers in order,
+  then the containers, each in its own PID, mount and UTS namespace inside the pod's
+  netns, under a shim that records the exit code;
   image -> local install through the image map (images.py); ENTRYPOINT/CMD rules;
   $(VAR) expansion; a private /tmp, the pod's /dev/shm, bind-mounted volumes (readOnly,
   subPath, subPathExpr); runAsUser/runAsGroup/fsGroup/supplementalGroups; runAsNonRoot;
-  RLIMIT_NOFILE 1048576; logs appended to <state>/logs/<ns>_<pod>_<uid>/<container>.log.
+  RLIMIT_NOFILE 1048576 (the hard limit where root lacks CAP_SYS_RESOURCE); logs
+  appended to <state>/logs/<ns>_<pod>_<uid>/<container>.log. Mount points the host
+  lacks are created and reference-counted across runners (hostpaths.py); a missing
+  working dir is the container's own; host dirs a non-root user could not enter on
+  the way to the image's install (/root above a pyenv) are opened by an overlay.
 - Env (env.py): image env, Service link variables (KUBERNETES_SERVICE_* always),
   envFrom, env values, fieldRef, resourceFieldRef, configMapKeyRef, secretKeyRef,
   HOSTNAME, in the kubelet's precedence.
@@ -44,8 +50,8 @@ What it emulates
 - Probes (probes.py): startup/liveness/readiness with exec (inside the container),
   httpGet, tcpSocket and the kubelet's timing rules.
 - Status (status.py), restarts with CrashLoopBackOff (podworker.py), events, graceful
-  deletion (preStop, SIGTERM, grace, SIGKILL, then the Pod object is deleted),
-  activeDeadlineSeconds.
+  deletion (termination.py: preStop, SIGTERM, grace, SIGKILL, then the Pod object is
+  deleted), activeDeadlineSeconds.
 - A restarted runner adopts the pods of its predecessor whose processes still run;
   `cleanup` removes what a crashed one left.
 
@@ -61,7 +67,7 @@ What it cannot emulate (not checked by tests that use it)
   on the targetPort only; NodePort/LoadBalancer and ExternalName are not emulated.
 - NetworkPolicy is not enforced (every pod reaches every pod).
 - kubectl logs/exec/port-forward through the apiserver (read the log files instead;
-  runner.json lists them and each container's host pid).
+  runner.json lists them and each container's host pid: `nsenter -t PID -a`).
 - grpc probes, hostPort, hostPID/hostIPC, image pull policies and pull secrets,
   in-place resize, sidecar (restartable init) containers, device plugins (GPUs are
   node capacity only), pod spec updates after start (image changes).
