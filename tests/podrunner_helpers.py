@@ -160,7 +160,9 @@ class RunnerProcess:
         self.argv = [sys.executable, str(REPO / "hack" / "cluster" / "podrunner"), "--kubeconfig",
                      str(cluster.kubeconfig), "--state-dir", str(state_dir), "--nodes", str(self.nodes_file),
                      "--pod-cidr", pod_cidr, "--image-map", str(image_map), "--health-port", str(self.health_port),
-                     "--backoff-base", "1", "--backoff-max", "4", "--shutdown-grace", "3", "--log-level", "debug"]
+                     "--backoff-base", "1", "--backoff-max", "4", "--shutdown-grace", "3", "--log-level", "debug",
+                     # kube-api-access tokens live 3607 s: renewed after ~3.6 s here
+                     "--token-refresh-fraction", "0.001"]
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60) -> "RunnerProcess":

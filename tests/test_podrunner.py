@@ -396,6 +396,35 @@ def test_volumes(runner, namespace):
     assert (runner.state_dir / "pvcs" / ns / "data" / "pvc-file").read_text() == "pvc-ok"
 
 
+TOKEN_WATCHER = """
+import hashlib, os, ssl, time, urllib.request
+sa = '/var/run/secrets/kubernetes.io/serviceaccount'
+ctx = ssl.create_default_context(cafile=sa + '/ca.crt')
+url = 'https://%s:%s/api' % (os.environ['KUBERNETES_SERVICE_HOST'], os.environ['KUBERNETES_SERVICE_PORT'])
+seen, deadline = [], time.time() + 40
+while len(seen) < 2 and time.time() < deadline:
+    token = open(sa + '/token').read()
+    digest = hashlib.sha256(token.encode()).hexdigest()[:12]
+    if not seen or seen[-1] != digest:
+        req = urllib.request.Request(url, headers={'Authorization': 'Bearer ' + token})
+        print('TOKEN', digest, urllib.request.urlopen(req, context=ctx, timeout=10).status, flush=True)
+        seen.append(digest)
+    time.sleep(0.5)
+"""
+
+
+def test_token_renewed(runner, namespace):
+    """The projected token is renewed in place (the runner here renews at 0.1% of its life)
+    and the renewed one authenticates; the pod reads it at the same path."""
+    api, ns = runner.api, namespace
+    api.create(ns, python_pod("token", runner.node, TOKEN_WATCHER, restartPolicy="Never"))
+    done = api.wait_pod(ns, "token", "finished", lambda p: phase(p) in ("Succeeded", "Failed"), timeout=60)
+    out = runner.log(ns, "token")
+    tokens = [l.split() for l in out.splitlines() if l.startswith("TOKEN ")]
+    assert phase(done) == "Succeeded" and len(tokens) == 2, out
+    assert tokens[0][1] != tokens[1][1] and [t[2] for t in tokens] == ["200", "200"], out
+
+
 WEB_SERVER = """
 import http.server, os, socketserver
 class H(http.server.BaseHTTPRequestHandler):

@@ -36,6 +36,9 @@ def parser() -> argparse.ArgumentParser:
         a.add_argument("--backoff-max", type=float, default=300.0, help="longest CrashLoopBackOff delay, s (300)")
         a.add_argument("--shutdown-grace", type=float, default=30.0,
                        help="on runner stop: most seconds a container gets between SIGTERM and SIGKILL (30)")
+        a.add_argument("--token-refresh-fraction", type=float, default=0.8,
+                       help="renew projected ServiceAccount tokens after this fraction of their life (0.8; "
+                            "tests use less to see a renewal)")
         a.add_argument("--keep-nodes", action="store_true",
                        help="on stop, keep the Node objects the runner created (default: delete them)")
     clean = sub.add_parser("cleanup", help="remove what a crashed runner with this state dir left")
@@ -62,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cfg = Config(kubeconfig=args.kubeconfig, state_dir=args.state_dir, nodes=args.nodes, pod_cidr=args.pod_cidr,
                  image_map=args.image_map, health_port=args.health_port, backoff_base=args.backoff_base,
-                 backoff_max=args.backoff_max, shutdown_grace=args.shutdown_grace, keep_nodes=args.keep_nodes)
+                 backoff_max=args.backoff_max, shutdown_grace=args.shutdown_grace, keep_nodes=args.keep_nodes,
+                 token_refresh_fraction=args.token_refresh_fraction)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -33,11 +33,9 @@ class Ctr:
     inst: containers.Instance | None = None
     probes: ProbeSet | None = None
     exit_handled: bool = True
-    backoff: float | None = None
-    backoff_until: float = 0.0
+    backoff: float | None = None          # the next CrashLoopBackOff delay
     last_start: float = 0.0
-    force_restart: bool = False
-    killing: bool = False
+    force_restart: bool = False           # killed by its liveness/startup probe
     target: Target | None = field(default=None, repr=False)
 
 
@@ -144,8 +142,9 @@ class PodWorker(Termination, threading.Thread):
                 return 5.0
         if now >= self._next_volume_sync:
             try:
-                self.sandbox.volumes.setup()
-                self._next_volume_sync = now + self.sandbox.volumes.resync(pod)
+                vols = self.sandbox.volumes
+                due = vols.setup() if len(vols.mounts) < len(pod["spec"].get("volumes") or []) else vols.resync(pod)
+                self._next_volume_sync = now + due
             except (VolumeError, ConfigError, ApiError, OSError) as exc:
                 msg = f"MountVolume.SetUp failed: {exc}"
                 if self._sandbox_error != msg:
@@ -189,8 +188,8 @@ class PodWorker(Termination, threading.Thread):
             if c.inst is not None and c.inst.alive():
                 continue
             if c.inst is None and c.cs.state == "waiting" and not c.cs.last_terminated:
-                self._start(pod, c)
-                wait = min(wait, 2.0)
+                started = self._start(pod, c)
+                wait = min(wait, 2.0 if started or c.cs.reason != "ErrImagePull" else 10.0)
                 continue
             exit_code = c.cs.exit_code if c.cs.state == "terminated" else (c.cs.last_terminated or {}).get("exitCode")
             if c.force_restart or policy == "Always" or (policy == "OnFailure" and exit_code != 0):
@@ -276,37 +275,32 @@ class PodWorker(Termination, threading.Thread):
         target.pid1 = c.inst.pid1 or 0
         target.started_at = c.inst.started_at
         c.target = target
-        c.cs.ready = False
-        if c.cs.init:
-            c.probes = None
-            return
-        c.probes = ProbeSet(target, lambda kind, value, msg, c=c, inst=c.inst: self._probe_result(c, inst, kind, value, msg))
-        c.cs.started = c.probes.started.is_set()
-        c.cs.ready = c.probes.ready and c.cs.started
-        c.probes.start()
+        c.probes = None
+        if not c.cs.init:
+            c.probes = ProbeSet(target, lambda kind, msg, c=c, inst=c.inst: self._probe_event(c, inst, kind, msg))
+            c.probes.start()
+        self._probe_view(c)
 
-    def _probe_result(self, c: Ctr, inst, kind: str, value: bool, message: str) -> None:
+    def _probe_view(self, c: Ctr) -> None:
+        """started/ready of a running container, as its probes see them (no probe: True)."""
+        running = c.cs.state == "running" and c.probes is not None
+        c.cs.started = running and c.probes.started.is_set()
+        c.cs.ready = c.cs.started and c.probes.ready
+
+    def _probe_event(self, c: Ctr, inst, kind: str, message: str) -> None:
+        """From a probe thread: 'changed' (started/ready flipped), 'unhealthy' (a failed
+        probe), 'liveness'/'startup' (failed past its threshold: restart the container)."""
         if c.inst is not inst:
             return
         pod = self.pod
         if kind == "unhealthy":
             self.runner.events.pod_event(pod, "Warning", "Unhealthy", message, _field(c))
-            return
-        if kind == "started":
-            c.cs.started = True
-            c.cs.ready = c.probes.ready if c.probes else True
-        elif kind == "ready":
-            c.cs.ready = value
-            if not value:
-                self.runner.events.pod_event(pod, "Warning", "Unhealthy", f"Readiness probe failed: {message}", _field(c))
         elif kind in ("liveness", "startup"):
-            what = "liveness" if kind == "liveness" else "startup"
-            self.runner.events.pod_event(pod, "Warning", "Unhealthy", f"{what.title()} probe failed: {message}", _field(c))
+            self.runner.events.pod_event(pod, "Warning", "Unhealthy", f"{kind.title()} probe failed: {message}", _field(c))
             self.runner.events.pod_event(pod, "Normal", "Killing",
-                                         f"Container {c.cs.name} failed {what} probe, will be restarted", _field(c))
-            probe = c.spec.get(f"{what}Probe") or {}
-            grace = probe.get("terminationGracePeriodSeconds",
-                              pod["spec"].get("terminationGracePeriodSeconds", 30))
+                                         f"Container {c.cs.name} failed {kind} probe, will be restarted", _field(c))
+            probe = c.spec.get(f"{kind}Probe") or {}
+            grace = probe.get("terminationGracePeriodSeconds", pod["spec"].get("terminationGracePeriodSeconds", 30))
             c.force_restart = pod["spec"].get("restartPolicy", "Always") != "Never"
             threading.Thread(target=containers.stop, args=(inst, float(grace)), daemon=True).start()
         self.wake()
@@ -355,19 +349,17 @@ class PodWorker(Termination, threading.Thread):
     # ---- status
     def _write_status(self, pod: dict) -> dict:
         override = self._phase_override
-        waiting_reason = None
-        if self._sandbox_error:
-            for c in self.init + self.main:
-                if c.cs.state == "waiting" and c.inst is None:
-                    c.cs.reason, c.cs.message = "ContainerCreating", ""
-            waiting_reason = self._sandbox_error
+        for c in self.init + self.main:
+            self._probe_view(c)
+            if self._sandbox_error and c.cs.state == "waiting" and c.inst is None:
+                c.cs.reason, c.cs.message = "ContainerCreating", self._sandbox_error
         status = pod_status(pod, [c.cs for c in self.init], [c.cs for c in self.main],
                             pod_ip=self.sandbox.ip if self.sandbox.ready or self.terminal else None,
                             host_ip=self.runner.network.gateway, start_time=self.start_time,
                             sandbox_ready=self.sandbox.ready,
                             phase_override=override[0] if override else None,
                             reason=override[1] if override else None,
-                            message=override[2] if override else waiting_reason)
+                            message=override[2] if override else None)
         if self._last_status is None:
             self._last_status = comparable(pod.get("status") or {})
         if comparable(status) != self._last_status:

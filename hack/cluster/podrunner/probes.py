@@ -129,10 +129,12 @@ def run_probe(target: Target, probe: dict) -> tuple[bool, str]:
 
 
 class ProbeSet:
-    """The probe workers of one container instance. notify(kind, value, message) reports
-    'started' True, 'ready' True/False, 'liveness' False, 'startup' False."""
+    """The probe workers of one container instance: `started` (an Event) and `ready` hold
+    the results; notify(kind, message) reports 'changed' (either flipped), 'unhealthy'
+    (a failed probe, for an event) and 'liveness' / 'startup' (failed past the threshold:
+    the container must be restarted)."""
 
-    def __init__(self, target: Target, notify: Callable[[str, bool, str], None]):
+    def __init__(self, target: Target, notify: Callable[[str, str], None]):
         c = target.container
         self.target = target
         self.notify = notify
@@ -180,25 +182,25 @@ class ProbeSet:
             if kind == "startup":
                 if ok:
                     self.started.set()
-                    self.notify("started", True, "")
+                    self.notify("changed", "")
                     return
                 if failures >= failure_needed:
-                    self.notify("startup", False, message)
+                    self.notify("startup", message)
                     return
+                self.notify("unhealthy", f"Startup probe failed: {message}")
             elif kind == "readiness":
                 if ok and successes >= success_needed and not self.ready:
                     self.ready = True
-                    self.notify("ready", True, "")
+                    self.notify("changed", "")
                 elif not ok:
                     if failures >= failure_needed and self.ready:
                         self.ready = False
-                        self.notify("ready", False, message)
-                    elif failures == 1 or not self.ready:
-                        self.notify("unhealthy", False, f"Readiness probe failed: {message}")
+                        self.notify("changed", "")
+                    self.notify("unhealthy", f"Readiness probe failed: {message}")
             else:  # liveness
                 if not ok and failures >= failure_needed:
-                    self.notify("liveness", False, message)
+                    self.notify("liveness", message)
                     return
                 if not ok:
-                    self.notify("unhealthy", False, f"Liveness probe failed: {message}")
+                    self.notify("unhealthy", f"Liveness probe failed: {message}")
             self.stop_event.wait(max(0.0, period - (time.monotonic() - t0)))

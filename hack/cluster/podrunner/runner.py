@@ -45,6 +45,7 @@ class Config:
     backoff_max: float = 300.0
     shutdown_grace: float = 30.0
     keep_nodes: bool = False
+    token_refresh_fraction: float = 0.8   # of a projected token's life; tests shorten it
 
 
 class RunnerError(Exception):

@@ -31,7 +31,8 @@ class Sandbox:
         self.ip: str | None = None
         self.veth: str | None = None
         self.listener = None
-        self.volumes = PodVolumes(runner, pod, self.dir, self.shm_root, runner.state_dir / "pvcs")
+        self.volumes = PodVolumes(runner, pod, self.dir, self.shm_root, runner.state_dir / "pvcs",
+                                  runner.cfg.token_refresh_fraction)
         self.ready = False
 
     @property

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .env import ConfigError, container_resource, field_value
+from .kube import ApiError
 from .util import debug, parse_rfc3339
 
 
@@ -118,13 +119,18 @@ def _items(data: dict[str, bytes], items: list | None, default_mode: int, option
     return out
 
 
+TOKEN_REFRESH_FRACTION = 0.8   # the kubelet renews a projected token at 80% of its life
+
+
 class PodVolumes:
     """The volumes of one pod: set up before the first container, resynced while it runs."""
 
-    TOKEN_REFRESH_FRACTION = 0.8
+    RESYNC_SECONDS = 30.0   # ConfigMap/Secret changes reach the files within this (kubelet: ~1 min)
 
-    def __init__(self, cluster: ClusterReader, pod: dict, pod_dir: Path, shm_root: Path, pvc_root: Path):
+    def __init__(self, cluster: ClusterReader, pod: dict, pod_dir: Path, shm_root: Path, pvc_root: Path,
+                 token_refresh_fraction: float = TOKEN_REFRESH_FRACTION):
         self.cluster = cluster
+        self.token_refresh_fraction = token_refresh_fraction
         self.pod = pod
         self.dir = pod_dir / "volumes"
         self.shm_root = shm_root
@@ -136,13 +142,16 @@ class PodVolumes:
         self._token_payload: dict[str, tuple[bytes, int]] = {}
 
     # ---- public
-    def setup(self) -> None:
+    def setup(self) -> float:
+        """Materialise the volumes not set up yet; seconds until resync() is due."""
         for vol in self.pod["spec"].get("volumes") or []:
             if vol["name"] not in self.mounts:
                 self.mounts[vol["name"]] = self._setup_one(vol)
+        return self._next()
 
     def resync(self, pod: dict) -> float:
-        """Re-render the API-backed volumes (new data, tokens near expiry); seconds to the next need."""
+        """Re-render the API-backed volumes (new ConfigMap/Secret data, labels, tokens at 80%
+        of their life); seconds until the next resync is due."""
         self.pod = pod
         now = time.time()
         for vol in self.pod["spec"].get("volumes") or []:
@@ -150,10 +159,13 @@ class PodVolumes:
                 force = self._tokens.get(vol["name"], float("inf")) <= now
                 try:
                     self._render(vol, refresh_tokens=force)
-                except (VolumeError, ConfigError) as exc:
+                except (VolumeError, ConfigError, ApiError, OSError) as exc:
                     debug("volume resync failed; keeping the old content", volume=vol["name"], error=str(exc))
-        nxt = min(self._tokens.values(), default=now + 60) - now
-        return max(1.0, min(nxt, 30.0))
+        return self._next()
+
+    def _next(self) -> float:
+        now = time.time()
+        return max(1.0, min(min(self._tokens.values(), default=now + 30.0) - now, self.RESYNC_SECONDS))
 
     def teardown(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -301,7 +313,7 @@ class PodVolumes:
         token, expires = self.cluster.request_token(meta["namespace"], spec.get("serviceAccountName") or "default",
                                                     self.pod, src.get("audience"), seconds)
         issued = time.time()
-        self._tokens[vol] = issued + self.TOKEN_REFRESH_FRACTION * max(1.0, expires - issued)
+        self._tokens[vol] = issued + self.token_refresh_fraction * max(1.0, expires - issued)
         if self._fs_user() is not None or self.fs_group is not None:
             mode = 0o600
         self._token_payload[key] = (token.encode(), mode)
