@@ -13,11 +13,13 @@ else that writes to stdout (Ray, libraries) is sent to stderr. The cluster
 comes from ``RAY_ADDRESS``; auth from ``RAY_AUTH_MODE``/``RAY_AUTH_TOKEN``.
 
     {"op": "start", "name": ..., "ulysses": 4, "bundle_resources": {...},
-     "cpus_per_rank": 1, "timeout_s": 120}
+     "cpus_per_rank": 1, "timeout_s": 120, "node_type": null, "max_wait_s": null}
         -> {"ok": true, "bundle_nodes": [node id of each rank's bundle], "bundles": [...],
             "strategy": ..., "ranks": [{node_id, gpu_ids, assigned} seen inside each rank's actor],
-            "health": [...]}
+            "health": [...], "placement": {waitedS, launchingS}, "waits": [the placement's
+            waiting records]}  (a failed start: {"ok": false, "error", "waits", "seconds"})
     {"op": "teardown", "name": ...}       -> {"ok": true, "census": {...}}
+    {"op": "census", "prefix": ...}       -> {"ok": true, "census": {placement groups, actors named prefix*}}
     {"op": "nodes"}                       -> {"ok": true, "nodes": [ray.nodes(), trimmed]}
     {"op": "status"}                      -> {"ok": true, "status": the autoscaler's cluster status}
     {"op": "quit"}                        -> {"ok": true}, then exits
@@ -57,24 +59,31 @@ class Driver:
 
     def start(self, name: str, ulysses: int = 1, ring: int = 1, cfg: int = 1,
               bundle_resources: dict[str, float] | None = None, cpus_per_rank: float = 1.0,
-              timeout_s: float = 120.0) -> dict[str, Any]:
+              timeout_s: float = 120.0, node_type: str | None = None,
+              max_wait_s: float | None = None) -> dict[str, Any]:
+        import time
+
         from ray.util import placement_group_table
 
         from videojob_runtime.group import ActorGroup, GroupSpec, GroupStartError
 
         spec = GroupSpec(name=name, ulysses=ulysses, ring=ring, cfg=cfg, device="cpu",
                          bundle_resources=dict(bundle_resources or {}))
+        waits: list[dict[str, Any]] = []
+        started = time.monotonic()
         try:
-            group = ActorGroup.start(spec, timeout_s=timeout_s, cpus_per_rank=cpus_per_rank)
+            group = ActorGroup.start(spec, timeout_s=timeout_s, cpus_per_rank=cpus_per_rank, node_type=node_type,
+                                     max_wait_s=max_wait_s, on_wait=waits.append)
         except GroupStartError as exc:
-            return {"ok": False, "error": exc.to_dict()}
+            return {"ok": False, "error": exc.to_dict(), "waits": waits,
+                    "seconds": round(time.monotonic() - started, 3)}
         self.groups[name] = group
         table = placement_group_table(group.pg)
         nodes = table["bundles_to_node_id"]
         ranks = self.ray.get([a.__ray_call__.remote(_placement) for a in group.actors], timeout=60)
         return {"ok": True, "bundle_nodes": [nodes[i] for i in range(spec.world_size)],
                 "bundles": [table["bundles"][i] for i in range(spec.world_size)], "strategy": table["strategy"],
-                "ranks": ranks, "health": group.health()}
+                "ranks": ranks, "health": group.health(), "placement": group.placement, "waits": waits}
 
     def teardown(self, name: str) -> dict[str, Any]:
         from helpers import ray_census
@@ -82,6 +91,11 @@ class Driver:
         group = self.groups.pop(name)
         group.teardown()
         return {"ok": True, "census": ray_census(name)}
+
+    def census(self, prefix: str) -> dict[str, Any]:
+        from helpers import ray_census
+
+        return {"ok": True, "census": ray_census(prefix)}
 
     def nodes(self) -> dict[str, Any]:
         return {"ok": True, "nodes": [{"node_id": n["NodeID"], "alive": n["Alive"], "ip": n["NodeManagerAddress"],

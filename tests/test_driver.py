@@ -29,6 +29,7 @@ pytest.importorskip("aiohttp_cors", reason="Ray's Jobs API (the dashboard) needs
 
 from helpers import REPO, RayHead, wait_for  # noqa: E402
 from videojob.driver_protocol import (  # noqa: E402
+    PROTOCOL,
     DriverRequest,
     GroupRequest,
     last_progress,
@@ -149,7 +150,8 @@ def test_the_progress_printer_prints_changes_at_most_every_interval(capsys):
     printer({**base, "step": 2, "stage": "denoise", "state": "running"})
     printed = [r for r in records(capsys.readouterr().out)]
     assert [(r["step"], r["job_id"]) for r in printed] == [(0, "j"), (2, "j")]
-    assert set(printed[0]) == {"type", "step", "steps", "percent", "stage", "state", "job_id"}
+    assert set(printed[0]) == {"type", "protocol", "step", "steps", "percent", "stage", "state", "job_id"}
+    assert printed[0]["protocol"] == PROTOCOL
 
 
 # -- through the Jobs API -----------------------------------------------------------------
@@ -180,6 +182,27 @@ def test_a_job_runs_to_succeeded_and_leaves_nothing_in_ray(cluster):
     probe = probe_mp4(video)
     assert (probe["frames"], probe["width"], probe["height"]) == (9, 64, 64), probe
     assert json.loads(Path(result["output"]["result"]).read_text())["framesDigest"] == result["framesDigest"]
+    _assert_clean(cluster, request.group.name)
+
+
+def test_a_newer_operators_request_runs_on_this_driver_ignoring_what_it_does_not_know(cluster):
+    """Protocol: a request with optional fields from a newer operator (top level, group,
+    job) runs to the end; the result lists what was ignored and the protocol spoken."""
+    import base64
+
+    request = _request("newer", ulysses=1)
+    data = json.loads(base64.urlsafe_b64decode(request.encode()))
+    data.update(minor=7, operator_hint="x")
+    data["group"]["topology"] = "nvlink"
+    data["job"]["film_grain"] = 0.2
+    encoded = base64.urlsafe_b64encode(json.dumps(data).encode()).decode()
+    sid = submission_id(request.namespace, request.name, request.uid, request.attempt)
+    assert cluster.client.submit(sid, f"{PY} -m videojob_runtime.driver --request {encoded}", metadata={}) is True
+    job, logs = _wait_end(cluster, sid, timeout=240)
+    result = result_of(logs)
+    assert job.status == "SUCCEEDED" and result["ok"], logs[-4000:]
+    assert sorted(result["ignored"]) == ["group.topology", "job.film_grain", "minor", "operator_hint"], result
+    assert {r["protocol"] for r in records(logs)} == {PROTOCOL}
     _assert_clean(cluster, request.group.name)
 
 
@@ -280,4 +303,9 @@ def test_no_placement_fails_with_the_reason_and_leaves_nothing(cluster):
     job, logs, result = _run(cluster, request, timeout=90)
     assert job.status == "FAILED", logs[-3000:]
     assert result["error"]["reason"] == "NoPlacement" and result["error"]["stage"] == "placement", result
+    # No autoscaler here: nothing ever launches, so the wait is the plain timeout, and the driver said so.
+    assert "within 3s" in result["error"]["message"] and "no autoscaler" in result["error"]["message"], result
+    waits = [r for r in records(logs) if r["type"] == "progress" and r["stage"] == "placement"]
+    assert waits and {w["state"] for w in waits} == {"waiting-for-room"}, waits
+    assert "nothing is launching" in waits[0]["message"], waits[0]
     _assert_clean(cluster, request.group.name)

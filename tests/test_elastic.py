@@ -12,7 +12,14 @@ class's custom resource (``videojob.inventory.class_resource``):
    node, and all four ranks land on it, one GPU each;
 2. a 1-rank group of class small launches one gpu1 node;
 3. once the groups are torn down, the idle worker nodes are removed, and no
-   process of theirs is left.
+   process of theirs is left;
+4. a group of class slow, whose node type ``slow1`` takes 15 s to come up
+   (``node_config.launch_delay_s``: tests/fake_slow_provider.py, like a pod
+   scaled from zero plus an image pull), waits through the scale-up with a
+   placement timeout of 5 s, because the autoscaler says it is launching a
+   node of that type (``videojob_runtime.placement``), and starts;
+5. a group nothing can launch a node for fails NoPlacement after its timeout,
+   saying the autoscaler launched nothing, and leaves nothing behind.
 
 The fake "nodes" are real raylets (with their agents and log monitor) that the
 autoscaler's monitor process starts on this machine, so they are in the head's
@@ -58,7 +65,7 @@ DRIVER = REPO / "tests" / "elastic_driver.py"
 # status names the head's type "node_<id>", not ray.head.default.)
 HEAD_ID = "f" * 51 + "00000"
 # Worker type -> its GPU class (the class's custom resource is added per GPU).
-CLASSES = {"gpu1": "small", "gpu8": "big"}
+CLASSES = {"gpu1": "small", "gpu8": "big", "slow1": "slow"}
 START_TIMEOUT_S = 150  # a node launch, 4 ranks importing torch, an xfuser rendezvous, on 2 cores
 SCALE_DOWN_TIMEOUT_S = 120  # idle_timeout_minutes is 0.1 (6 s)
 PREFIX = "vj-elastic-"
@@ -111,7 +118,9 @@ class FakeClusterHead(RayHead):
         from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_ID
 
         assert FAKE_HEAD_NODE_ID == HEAD_ID
+        tests = str(REPO / "tests")  # the monitor imports the provider (fake_slow_provider) from there
         super().__init__(num_cpus=0, env={
+            "PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p),
             "RAY_FAKE_CLUSTER": "1", "RAY_enable_autoscaler_v2": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
             # The head's instance id (autoscaler v2 matches Ray nodes to cloud instances by it).
             "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID,
@@ -365,3 +374,51 @@ def test_idle_worker_nodes_are_removed_after_teardown(cluster: Cluster):
     expected = Counter((t, "idle") for t in launched.values())
     assert removed == expected, f"nodes removed (type, reason): {dict(removed)}, expected {dict(expected)}"
     assert not cluster.status()["failed_launches"]
+
+
+# -- placement waits for the autoscaler --------------------------------------------
+
+SLOW_DELAY_S = 15  # tests/data/fake_multi_node.yaml: slow1's launch_delay_s
+PLACEMENT_TIMEOUT_S = 5
+
+
+def test_a_placement_waits_through_a_scale_up_longer_than_its_timeout(cluster: Cluster):
+    """The group asks for a node that takes 15 s to come up with a placement timeout
+    of 5 s: it waits (the autoscaler is launching one of its type) and starts there."""
+    name = PREFIX + "slow"
+    reply = cluster.driver.call("start", timeout=START_TIMEOUT_S + 60, name=name, ulysses=1,
+                                bundle_resources={"GPU": 1, class_resource("slow"): 1}, cpus_per_rank=1,
+                                timeout_s=PLACEMENT_TIMEOUT_S, node_type="slow1", max_wait_s=START_TIMEOUT_S)
+    assert reply["ok"], (f"the group did not wait for its node: {reply['error']}\nwaits: {reply.get('waits')}\n"
+                         f"{cluster.head.log_tail('monitor.log')}")
+    cluster.groups.append(name)
+    placement = reply["placement"]
+    assert placement["waitedS"] > PLACEMENT_TIMEOUT_S, (
+        f"the placement waited {placement['waitedS']} s, not longer than its {PLACEMENT_TIMEOUT_S} s timeout: "
+        "the node came up too fast to show the wait")
+    assert placement["launchingS"] > PLACEMENT_TIMEOUT_S, placement  # the time not counted against the timeout
+    waiting = [w for w in reply["waits"] if w["state"] == "waiting-for-node"]
+    assert waiting and all(w["nodeType"] == "slow1" for w in waiting), reply["waits"]
+    assert "launch" in waiting[0]["launching"], waiting[0]
+    workers = cluster.settled_workers("after the slow group started")
+    (node_id,) = [n for n, t in workers.items() if t == "slow1"]
+    assert reply["bundle_nodes"] == [node_id] and reply["ranks"][0]["node_id"] == node_id, reply
+
+
+def test_a_placement_nothing_launches_for_fails_after_its_timeout(cluster: Cluster):
+    """No node type offers class `nowhere`: nothing launches, so the timeout runs
+    its course and the group fails NoPlacement, saying why, leaving nothing."""
+    name = PREFIX + "nowhere"
+    started = time.monotonic()
+    reply = cluster.driver.call("start", timeout=120, name=name, ulysses=1,
+                                bundle_resources={"GPU": 1, class_resource("nowhere"): 1}, cpus_per_rank=1,
+                                timeout_s=3, node_type="nowhere", max_wait_s=60)
+    took = time.monotonic() - started
+    assert not reply["ok"], reply
+    error = reply["error"]
+    assert error["reason"] == "NoPlacement" and error["stage"] == "placement", error
+    assert "within 3s" in error["message"] and "launched no node of node type nowhere" in error["message"], error
+    assert 3 <= reply["seconds"] < 30 and took < 60, (reply["seconds"], took)
+    assert {w["state"] for w in reply["waits"]} == {"waiting-for-room"}, reply["waits"]
+    census = cluster.driver.call("census", timeout=30, prefix=name)
+    assert census["ok"] and not any(census["census"].values()), census

@@ -7,9 +7,11 @@ the environment first.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Optional
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -56,8 +58,13 @@ class RunSettings(BaseSettings):
                     "metadata endpoint).")
     input_staging_root: Optional[str] = Field(
         default=None,
-        description="Directory in which each job's fetched inputs get their own directory, removed when the job "
-                    "ends (unset: the system temp dir). The ranks read them there: it must be on their machine.")
+        description="Directory in which each attempt's fetched inputs get their own directory, removed when the "
+                    "attempt ends (unset: the system temp dir). The ranks read them there: in a cluster it must be "
+                    "a volume every Ray pod mounts at the same path (the chart: <data volume>/staging).")
+    input_staging_stale_s: float = Field(
+        default=900.0, ge=60,
+        description="A staging directory whose driver has not marked it alive for this long (a driver killed "
+                    "before it could clean up) is removed by the next driver that stages inputs.")
 
 
 class OperatorSettings(BaseSettings):
@@ -88,8 +95,26 @@ class OperatorSettings(BaseSettings):
                               description="Port of /metrics and /healthz (0: pick a free one).")
     driver_python: str = Field(default="python",
                                description="The Python the Ray job entrypoint runs (in the runtime image).")
-    placement_timeout_s: float = Field(default=600.0, gt=0, description="Seconds a group may wait to be placed.")
+    placement_timeout_s: float = Field(
+        default=600.0, gt=0,
+        description="Seconds a group may wait to be placed while no node for it is being launched (the time the "
+                    "autoscaler spends launching one does not count: placement_max_wait_s bounds that).")
+    placement_max_wait_s: float = Field(
+        default=3600.0, gt=0,
+        description="Most seconds one attempt's group may wait to be placed in all, while the autoscaler launches "
+                    "nodes of its class (a pod scaled from zero plus an image pull); at least placement_timeout_s.")
+    placement_requeue_limit_s: float = Field(
+        default=3600.0, ge=0,
+        description="A job whose group cannot be placed (no room, nothing launching) is re-queued without using "
+                    "up an attempt; after this many seconds of such re-queues, counted from the first, it fails "
+                    "with reason NoPlacement (0: fail at the first).")
     job_timeout_s: float = Field(default=6 * 3600.0, gt=0, description="Seconds one attempt may run.")
+    driver_resources: dict[str, float] = Field(
+        default={},  # pydantic copies it per instance
+        description="Ray resources every driver the operator submits asks for (its Ray job's entrypoint_resources), "
+                    "so drivers run only on nodes that offer them, never on the Ray head; a JSON object in the env, "
+                    'e.g. VIDEOJOB_DRIVER_RESOURCES=\'{"vj-driver": 1}\'. {} (the default): anywhere, the head '
+                    "included (Ray pins such drivers to the head), as the embedded and address modes have it.")
     ray_retry_s: float = Field(default=5.0, gt=0, description="Seconds between tries while Ray is unreachable.")
     embedded_ray_cpus: Optional[int] = Field(default=None, ge=1,
                                              description="CPUs the embedded Ray head offers (default: all).")
@@ -120,10 +145,58 @@ class OperatorSettings(BaseSettings):
         default=False, description="Honour the videojob.io/inject-fault annotation (tests only: it makes a job "
                                    "fail on purpose).")
 
+    @field_validator("driver_resources", mode="before")
+    @classmethod
+    def _driver_resources(cls, value):
+        if isinstance(value, str):
+            value = _json_object(value)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ValueError(f"VIDEOJOB_DRIVER_RESOURCES must be a JSON object of Ray resource names to amounts, "
+                             f'e.g. {{"vj-driver": 1}}; got {value!r}')
+        for name, amount in value.items():
+            problem = driver_resource_problem(name, amount)
+            if problem:
+                raise ValueError(f"VIDEOJOB_DRIVER_RESOURCES: {problem}")
+        return {str(k): float(v) for k, v in value.items()}
+
+    @model_validator(mode="after")
+    def _placement_bounds(self):
+        if self.placement_max_wait_s < self.placement_timeout_s:
+            raise ValueError(f"VIDEOJOB_PLACEMENT_MAX_WAIT_S ({self.placement_max_wait_s:g}) must be at least "
+                             f"VIDEOJOB_PLACEMENT_TIMEOUT_S ({self.placement_timeout_s:g}): it bounds the whole "
+                             "wait, the timeout only the part with nothing launching")
+        return self
+
+    @property
+    def entrypoint_resources(self) -> dict[str, float]:
+        """What each driver's Ray job asks for besides its 0 CPUs ({}: anywhere)."""
+        return dict(self.driver_resources)
+
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
                                    file_secret_settings):
         return init_settings, _CommaListEnv(settings_cls), dotenv_settings, file_secret_settings
+
+
+# Ray's own resource names: a Ray job takes them as entrypoint_num_cpus and the like,
+# and Ray refuses them among custom resources.
+_RAY_BUILTIN = {"CPU", "GPU", "memory", "object_store_memory"}
+_RESOURCE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:/-]{0,61}[A-Za-z0-9])?$")
+
+
+def driver_resource_problem(name: object, amount: object) -> str | None:
+    """Why ``name: amount`` cannot be a driver's Ray resource (None: it can)."""
+    if not isinstance(name, str) or not _RESOURCE_NAME.match(name):
+        return (f"resource name {name!r} must be 1-63 letters, digits, '-', '_', '.', ':' or '/', starting and "
+                "ending with a letter or digit (the name a Ray worker group advertises in rayStartParams.resources)")
+    if name in _RAY_BUILTIN:
+        return (f"{name!r} is one of Ray's own resources ({', '.join(sorted(_RAY_BUILTIN))}); drivers ask for none "
+                "of them: name the custom resource the drivers' worker group advertises, e.g. vj-driver")
+    if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount) or amount <= 0:
+        return f"{name}: {amount!r} must be a positive number (the share of one driver slot, usually 1)"
+    return None
 
 
 from pydantic_settings import EnvSettingsSource  # noqa: E402
@@ -133,6 +206,21 @@ class _CommaListEnv(EnvSettingsSource):
     """``VIDEOJOB_NAMESPACES=a,b`` (as a Deployment's env writes it), besides JSON lists."""
 
     def prepare_field_value(self, field_name, field, value, value_is_complex):
+        if field_name == "driver_resources" and isinstance(value, str):
+            return value  # parsed by the field's validator, whose errors name the variable
         if field_name == "namespaces" and isinstance(value, str) and not value.strip().startswith("["):
             return [v.strip() for v in value.split(",") if v.strip()]
         return super().prepare_field_value(field_name, field, value, value_is_complex)
+
+
+def _json_object(text: str):
+    """VIDEOJOB_DRIVER_RESOURCES: a JSON object (an empty value: {})."""
+    import json
+
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"VIDEOJOB_DRIVER_RESOURCES must be a JSON object such as '{{\"vj-driver\": 1}}', got "
+                         f"{text!r} ({exc})") from None

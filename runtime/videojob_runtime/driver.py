@@ -5,15 +5,20 @@ entrypoint is ``DriverRequest.entrypoint()``; this module is that entrypoint.
 It runs inside the Ray cluster (``ray.init(address="auto")``: Ray's job
 supervisor sets ``RAY_ADDRESS``; it never starts a cluster) and:
 
-1. decodes the request (``--request <base64 JSON of DriverRequest>``), builds
-   the rank's ``JobRequest`` and resolves the output uri on this side of the
-   volumes (a bad one fails the job naming ``spec.output.uri``), before
-   anything is created in Ray;
-2. fetches https inputs once (``inputs.staged_inputs``);
+1. decodes the request (``--request <base64 JSON of DriverRequest>``;
+   ``driver_protocol``: a request of another major version, or one that
+   requires a feature this driver lacks, is refused with a
+   ``ProtocolIncompatible`` result; fields it does not know are ignored and
+   listed), builds the rank's ``JobRequest`` and resolves the output uri on
+   this side of the volumes (a bad one fails the job naming
+   ``spec.output.uri``), before anything is created in Ray;
+2. fetches https inputs once, into this attempt's own directory under
+   VIDEOJOB_INPUT_STAGING_ROOT (``inputs.staged_inputs``);
 3. finds the actor group by name and reuses it when it is whole and healthy
    (same layout, no rank broken or busy), else removes what is left of it
    and starts a new one (``ActorGroup.start``: nothing is left behind when
-   that fails);
+   that fails; while its placement waits for a node the autoscaler is
+   launching, ``placement`` progress records say so);
 4. runs the job, printing progress records when (step, stage, state)
    changes, at most every ``progress_interval_s``, and exactly one result
    record at the end; exit 0 when the job succeeded, else 1;
@@ -23,16 +28,8 @@ supervisor sets ``RAY_ADDRESS``; it never starts a cluster) and:
 Records go to stdout as ``@@videojob {json}`` lines (``driver_protocol``),
 flushed one by one; logs go to stderr. Besides ``progress`` and ``result``
 the driver prints one ``group`` record when the group is ready (its name,
-whether it was reused, its world size).
-
-Stop (``POST /api/jobs/{id}/stop``): Ray's job supervisor sends SIGTERM and
-SIGKILLs 3 s later. The stop signals are blocked in every thread from the
-start (the threads Ray creates inherit the mask) and taken by one thread with
-``sigwait``, so the stop does not wait for the main thread, whatever Ray call
-it is blocked in. That thread kills the group's actors and removes its
-placement group by name (also while ``ActorGroup.start`` is still creating
-them), prints a ``Cancelled`` result and exits 143, within ``STOP_BUDGET_S``.
-From then on nothing the main thread prints reaches stdout.
+whether it was reused, its world size). The stop (SIGTERM from
+``POST /api/jobs/{id}/stop``) is ``stopping``'s.
 
 ``--teardown GROUP --world N``: attach to a group by name and remove it
 (the operator's cleanup after a driver that was SIGKILLed before it could);
@@ -45,207 +42,19 @@ import argparse
 import logging
 import os
 import re
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from videojob.driver_protocol import GROUP_PREFIX, DriverRequest, record
+from videojob.driver_protocol import GROUP_PREFIX, PROTOCOL, DriverRequest, ProtocolIncompatible, decode_request
+
+from .stopping import NAMESPACE, OUT, STATE, finish, group_present, install_stop_handling, remove_group
 
 log = logging.getLogger("videojob.driver")
 
-NAMESPACE = "videojob"  # group.NAMESPACE (not imported here: that would import ray before the mask is set)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-EXIT_STOPPED = 128 + signal.SIGTERM
-# Ray SIGKILLs a stopped driver 3 s after SIGTERM (RAY_JOB_STOP_WAIT_TIME_S): tear down within this.
-STOP_BUDGET_S = 2.0
 GiB = 1024**3
 _GROUP_NAME = re.compile(re.escape(GROUP_PREFIX) + r"[A-Za-z0-9-]+")
-
-
-# -- records ---------------------------------------------------------------------
-
-
-class _Out:
-    """stdout records, one write each; after a stop began only the stopper's get through."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.stopping = False
-        self.result_printed = False
-
-    def emit(self, kind: str, *, _stopper: bool = False, **fields: Any) -> bool:
-        line = record(kind, **fields) + "\n"
-        with self.lock:
-            if self.stopping and not _stopper:
-                return False
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            self.result_printed = self.result_printed or kind == "result"
-            return True
-
-
-OUT = _Out()
-
-
-class _State:
-    """What the stopper needs to know about the main thread's progress."""
-
-    def __init__(self) -> None:
-        self.stage = "init"
-        self.ray_ready = False
-        self.group_name: str | None = None  # set before the group is looked up or started
-        self.world = 0
-        self.job_id: str | None = None
-        self.progress: dict[str, Any] | None = None
-
-
-STATE = _State()
-
-
-# -- stop --------------------------------------------------------------------------
-
-
-def remove_group(name: str, world: int = 0, settle_s: float = 0.0) -> dict[str, Any]:
-    """Kill every actor of group ``name`` (ranks ``0..world-1`` and any other
-    ``NAME-rank<i>`` alive in the namespace) and remove its placement group,
-    by name, whatever state they are in; missing ones are skipped. The
-    placement group goes first, so an actor created meanwhile cannot be placed.
-    ``settle_s`` > 0: wait up to that long for the names to be released."""
-    import ray
-    from ray.util.placement_group import remove_placement_group
-
-    removed: dict[str, Any] = {"placementGroup": False, "actors": []}
-    # Removing the placement group kills the actors placed in it: these are the ones that were there.
-    found = _actor_names(name, 0)
-    for _ in range(2):  # a second pass for what the main thread created during the first
-        try:
-            pg = ray.util.get_placement_group(f"{name}-pg")
-        except ValueError:
-            pg = None
-        if pg is not None:
-            try:
-                remove_placement_group(pg)
-                removed["placementGroup"] = True
-            except Exception as exc:  # noqa: BLE001 - already removed
-                log.debug("placement group %s-pg: %s", name, exc)
-        for actor_name in sorted(_actor_names(name, world)):
-            try:
-                handle = ray.get_actor(actor_name, namespace=NAMESPACE)
-            except Exception:  # noqa: BLE001 - gone; or dying, its class already dropped from the GCS (Ray asserts)
-                continue
-            try:
-                ray.kill(handle, no_restart=True)
-            except Exception as exc:  # noqa: BLE001 - already dead
-                log.debug("actor %s: %s", actor_name, exc)
-                continue
-            if actor_name not in removed["actors"]:
-                removed["actors"].append(actor_name)
-    removed["actors"] = sorted(found | set(removed["actors"]))
-    if settle_s > 0:
-        deadline = time.monotonic() + settle_s
-        while _group_present(name) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        removed["gone"] = not _group_present(name)
-    return removed
-
-
-def _actor_names(name: str, world: int) -> set[str]:
-    import ray
-
-    pattern = re.compile(re.escape(name) + r"-rank\d+")
-    names = {f"{name}-rank{r}" for r in range(world)}
-    try:
-        names |= {n for n in ray.util.list_named_actors() if pattern.fullmatch(n)}
-    except Exception as exc:  # noqa: BLE001 - the ranks we know of are still killed
-        log.warning("could not list the named actors: %s", exc)
-    return names
-
-
-def _group_present(name: str) -> bool:
-    """Whether an actor or the placement group of group ``name`` still exists in Ray."""
-    import ray
-
-    pattern = re.compile(re.escape(name) + r"-rank\d+")
-    if any(pattern.fullmatch(n) for n in ray.util.list_named_actors()):
-        return True
-    try:
-        pg = ray.util.get_placement_group(f"{name}-pg")
-    except ValueError:
-        return False
-    table = ray.util.placement_group_table(pg)
-    return table.get("state") not in (None, "REMOVED")
-
-
-class Stopper(threading.Thread):
-    """Takes SIGTERM/SIGINT with ``sigwait`` (they are blocked everywhere else):
-    tears the group down, prints the Cancelled result, exits 143."""
-
-    def __init__(self) -> None:
-        super().__init__(name="videojob-stopper", daemon=True)
-
-    def run(self) -> None:
-        signum = signal.sigwait(STOP_SIGNALS)
-        self.stop(signal.Signals(signum).name)
-
-    def stop(self, signame: str) -> None:
-        started = time.monotonic()
-        with OUT.lock:
-            OUT.stopping = True
-            done = OUT.result_printed
-        if done:  # the job had ended (its group torn down or kept) and said so: just go
-            log.warning("%s after the result: exiting", signame)
-            logging.shutdown()
-            os._exit(EXIT_STOPPED)
-        stage = _stop_stage()
-        log.warning("%s: stopping in stage %s, group %s", signame, stage, STATE.group_name)
-        removed: dict[str, Any] = {}
-        torn_down = STATE.group_name is None  # nothing was created yet
-        if STATE.group_name is not None and STATE.ray_ready:
-            # Kill, then wait (within the budget) to see it gone: ``removed["gone"]``.
-            settle = max(0.0, STOP_BUDGET_S - 1.0)
-            worker = threading.Thread(
-                target=lambda: removed.update(remove_group(STATE.group_name, STATE.world, settle_s=settle)),
-                name="videojob-teardown", daemon=True)
-            worker.start()
-            worker.join(STOP_BUDGET_S)
-            torn_down = not worker.is_alive()
-            if not torn_down:
-                log.error("tearing group %s down took longer than %.1fs: the operator must remove it "
-                          "(--teardown)", STATE.group_name, STOP_BUDGET_S)
-        error: dict[str, Any] = {"reason": "Cancelled", "stage": stage,
-                                 "message": f"stopped by the operator ({signame})", "groupTornDown": torn_down}
-        if STATE.progress and STATE.progress.get("step"):
-            error["step"] = STATE.progress["step"]
-        OUT.emit("result", _stopper=True, ok=False, error=error, jobId=STATE.job_id, groupName=STATE.group_name,
-                 removed=removed, stopSeconds=round(time.monotonic() - started, 3))
-        logging.shutdown()
-        os._exit(EXIT_STOPPED)
-
-
-def _stop_stage() -> str:
-    if STATE.stage == "run" and STATE.progress:
-        return STATE.progress.get("stage") or "run"
-    return STATE.stage
-
-
-def install_stop_handling() -> Stopper:
-    """Block the stop signals in this (main) thread, before any other thread
-    exists, and start the thread that waits for them."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    stopper = Stopper()
-    stopper.start()
-    return stopper
-
-
-def _finish(code: int) -> int:
-    """The main thread's exit code, unless a stop began: then the stopper ends the process."""
-    if OUT.stopping:
-        while True:
-            time.sleep(1)
-    return code
 
 
 # -- the job -----------------------------------------------------------------------
@@ -272,13 +81,26 @@ def _check_writable(output_dir: Path, uri: str) -> None:
                          "path is a directory", stage="write", field="spec.output.uri") from None
 
 
+def unknown_job_fields(request: DriverRequest) -> list[str]:
+    """``job.<key>`` for each key of the request's job this runtime's JobRequest lacks."""
+    import dataclasses
+
+    from .request import JobRequest
+
+    known = {f.name for f in dataclasses.fields(JobRequest)}
+    return [f"job.{k}" for k in sorted(set(request.job) - known)]
+
+
 def job_request(request: DriverRequest):
     """The ranks' JobRequest (``videojob_runtime.request``) and its output directory.
     Raises JobFailure (a bad output uri, naming spec.output.uri) or ValueError (a bad job)."""
     from .locations import resolve
     from .request import JobRequest
 
-    job = dict(request.job)
+    unknown = unknown_job_fields(request)
+    if unknown:  # a newer operator's optional fields: ignored, and said so (driver_protocol)
+        log.warning("ignoring job field(s) this runtime does not know: %s", ", ".join(unknown))
+    job = {k: v for k, v in request.job.items() if f"job.{k}" not in unknown}
     if job.get("output_dir") is not None:
         raise ValueError("job.output_dir is the driver's to set: send output_uri instead")
     if job.get("size", "full") != "full":
@@ -296,15 +118,16 @@ def job_request(request: DriverRequest):
         raise ValueError(f"JobRequest: {exc}") from None
 
 
-def find_group(request: DriverRequest):
+def find_group(request: DriverRequest, on_wait=None):
     """(group, reused): the running group of this name when it is whole and
-    healthy, else a new one (what was left of the old one removed first)."""
+    healthy, else a new one (what was left of the old one removed first);
+    ``on_wait`` gets the placement's waiting records (``placement.wait_placed``)."""
     from .group import ActorGroup, GroupSpec, GroupStartError
 
     g = request.group
     spec = GroupSpec(name=g.name, ulysses=g.ulysses, ring=g.ring, cfg=g.cfg, device=g.device,
                      bundle_resources=dict(g.bundle_resources))
-    if _group_present(spec.name):
+    if group_present(spec.name):
         group, problem = _check(spec)
         if problem is None:
             log.info("group=%s reused=true world=%d", spec.name, spec.world_size)
@@ -318,7 +141,9 @@ def find_group(request: DriverRequest):
             raise GroupStartError("GroupStartFailed", "start",
                                   f"what is left of group {spec.name} ({problem}) was not removed within 30s")
     log.info("group=%s reused=false world=%d starting", spec.name, spec.world_size)
-    group = ActorGroup.start(spec, timeout_s=request.placement_timeout_s, cpus_per_rank=g.cpus_per_rank)
+    group = ActorGroup.start(spec, timeout_s=request.placement_timeout_s, cpus_per_rank=g.cpus_per_rank,
+                             node_type=g.node_type, max_wait_s=request.placement_max_wait_s,
+                             on_wait=on_wait)
     return group, False
 
 
@@ -415,8 +240,9 @@ def _summary(result: dict[str, Any], uri: str, output_dir: Path) -> dict[str, An
     return out
 
 
-def run(request: DriverRequest) -> int:
-    """One attempt: request, Ray, inputs, group, job, teardown; prints the result record."""
+def run(request: DriverRequest, ignored: list[str] | None = None) -> int:
+    """One attempt: request, Ray, inputs, group, job, teardown; prints the result record.
+    ``ignored``: the request's fields this driver does not know (said in its records)."""
     import ray
 
     from .errors import JobFailure
@@ -426,7 +252,10 @@ def run(request: DriverRequest) -> int:
     from videojob.settings import RunSettings
 
     STATE.stage = "request"
-    base = {"jobId": None, "attempt": request.attempt, "groupName": request.group.name}
+    base: dict[str, Any] = {"jobId": None, "attempt": request.attempt, "groupName": request.group.name}
+    ignored = list(ignored or []) + unknown_job_fields(request)
+    if ignored:
+        base["ignored"] = ignored
     if not _GROUP_NAME.fullmatch(request.group.name):
         return _result(_fail("BadRequest", "request", f"group name {request.group.name!r} must be 'vj-' followed "
                                                       "by letters, digits and '-'"), base)
@@ -454,16 +283,17 @@ def run(request: DriverRequest) -> int:
     wall: dict[str, float] = {}
     try:
         STATE.stage = "inputs"
-        with staged_inputs(job, RunSettings()) as staged:
+        tag = f"{request.namespace}-{request.name}-{request.uid.split('-')[0][:8]}-a{request.attempt}"
+        with staged_inputs(job, RunSettings(), tag=tag, on_directory=_staging_dir) as staged:
             STATE.stage = "start"
             OUT.emit("progress", step=0, steps=job.steps, percent=0, stage="start", state="starting",
                      job_id=job.job_id)
             g = request.group
             STATE.group_name, STATE.world = g.name, g.ulysses * g.ring * g.cfg
-            group, reused_group = find_group(request)
+            group, reused_group = find_group(request, on_wait=PlacementPrinter(job.job_id, job.steps, g))
             wall["groupSeconds"] = round(time.monotonic() - started, 3)
             OUT.emit("group", name=group.spec.name, reused=reused_group, world=group.spec.world_size,
-                     seconds=wall["groupSeconds"])
+                     seconds=wall["groupSeconds"], placement=group.placement or None)
             STATE.stage = "run"
             result = group.run(staged, timeout_s=request.job_timeout_s,
                                on_progress=ProgressPrinter(request.progress_interval_s, job.job_id))
@@ -489,6 +319,34 @@ def run(request: DriverRequest) -> int:
         _teardown(group, group.spec.name, group.spec.world_size)
     kept = group is not None and not group.torn_down
     return _result(summary, {**base, "groupReused": reused_group, "groupKept": kept, "wall": wall})
+
+
+def _staging_dir(path: str | None) -> None:
+    """Where this attempt's inputs are staged (the stopper removes it on SIGTERM)."""
+    STATE.staging_dir = path
+
+
+class PlacementPrinter:
+    """Progress records while the group's placement waits (``placement.wait_placed``):
+    stage ``placement``, state ``waiting-for-node`` while the autoscaler launches a
+    node of the group's type, ``waiting-for-room`` while nothing is launching."""
+
+    def __init__(self, job_id: str, steps: int, group):
+        self.job_id, self.steps = job_id, steps
+        self.world, self.node_type = group.ulysses * group.ring * group.cfg, group.node_type
+
+    def __call__(self, wait: dict[str, Any]) -> None:
+        node_type = wait.get("nodeType") or self.node_type
+        if wait["state"] == "waiting-for-node":
+            message = (f"waiting for a node of class {node_type} (the autoscaler is starting one: "
+                       f"{wait.get('launching')}; {wait['waitedS']}s so far, at most {wait['maxWaitS']:.0f}s)")
+        else:
+            message = (f"waiting for room for {self.world} rank(s) in one pod"
+                       + (f" of class {node_type}" if node_type else "")
+                       + f" (nothing is launching; {wait['idleS']}s of {wait['timeoutS']:.0f}s)")
+        STATE.progress = {"stage": "placement", "state": wait["state"]}
+        OUT.emit("progress", step=0, steps=self.steps, percent=0, stage="placement", state=wait["state"],
+                 nodeType=node_type, waitedS=wait["waitedS"], message=message, job_id=self.job_id)
 
 
 def _teardown(group, name: str | None, world: int) -> None:
@@ -563,12 +421,17 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     if args.teardown:
-        return _finish(teardown(args.teardown, args.world))
+        return finish(teardown(args.teardown, args.world))
     try:
-        request = DriverRequest.decode(args.request)
+        request, ignored = decode_request(args.request)
+    except ProtocolIncompatible as exc:
+        return finish(_result(_fail("ProtocolIncompatible", "request", str(exc)), {}))
     except Exception as exc:  # noqa: BLE001 - a request that does not decode still gets a result record
-        return _finish(_result(_fail("BadRequest", "request", f"the driver request does not decode: {exc}"), {}))
-    return _finish(run(request))
+        return finish(_result(_fail("BadRequest", "request", f"the driver request does not decode: {exc}"), {}))
+    if ignored:
+        log.warning("protocol %s: ignoring request field(s) this runtime does not know: %s", PROTOCOL,
+                    ", ".join(ignored))
+    return finish(run(request, ignored))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from .placement import Autoscaler, NoPlacement, wait_placed
 from .request import JobRequest
 from .worker import RankWorker
 
@@ -87,6 +88,14 @@ class RankActor:
         self.worker.shutdown()
 
 
+def _gcs_address() -> str | None:
+    """The GCS this process is connected to (where the autoscaler reports), if it can be told."""
+    try:
+        return ray.get_runtime_context().gcs_address
+    except Exception:  # noqa: BLE001 - not connected the usual way: no autoscaler is asked
+        return None
+
+
 def group_name(owner_uid: str, tag: str = "") -> str:
     """The group's name, derived from the job that owns it (its uid): the protocol's one rule."""
     from videojob.driver_protocol import group_name as named
@@ -131,13 +140,19 @@ class ActorGroup:
     def __init__(self, spec: GroupSpec, actors: list, pg=None):
         self.spec, self.actors, self.pg = spec, actors, pg
         self.torn_down = False
+        self.placement: dict[str, float] = {}  # how long the placement waited (start only)
 
     # -- lifecycle ---------------------------------------------------------
 
     @classmethod
-    def start(cls, spec: GroupSpec, timeout_s: float = 300.0, cpus_per_rank: float | None = None) -> "ActorGroup":
+    def start(cls, spec: GroupSpec, timeout_s: float = 300.0, cpus_per_rank: float | None = None,
+              node_type: str | None = None, max_wait_s: float | None = None,
+              on_wait: Callable[[dict[str, Any]], None] | None = None) -> "ActorGroup":
         """Placement group, actors, rendezvous; each bounded by ``timeout_s``.
-        Raises ``GroupStartError`` and leaves nothing behind when any step fails."""
+        The placement waits longer while the autoscaler launches a node of
+        ``node_type`` (``placement.wait_placed``: up to ``max_wait_s`` in all;
+        ``on_wait`` gets its waiting records). Raises ``GroupStartError`` and
+        leaves nothing behind when any step fails."""
         world = spec.world_size
         if spec.device == "cpu":
             if cpus_per_rank is None:
@@ -160,14 +175,14 @@ class ActorGroup:
         try:
             group.pg = placement_group([dict(bundle) for _ in range(world)], strategy="STRICT_PACK",
                                        name=spec.pg_name, lifetime="detached")
+            ready_ref = group.pg.ready()
             try:
-                ray.get(group.pg.ready(), timeout=timeout_s)
-            except ray.exceptions.GetTimeoutError:
-                raise GroupStartError(
-                    "NoPlacement", "placement",
-                    f"no node could hold {spec.name}'s {world} x {bundle} in one pod within {timeout_s:.0f}s "
-                    "(STRICT_PACK): the cluster lacks the resources, or its autoscaler has no such node type",
-                ) from None
+                group.placement = wait_placed(
+                    lambda seconds: bool(ray.wait([ready_ref], timeout=seconds)[0]),
+                    what=f"{spec.name}'s {world} x {bundle} in one pod", timeout_s=timeout_s, max_wait_s=max_wait_s,
+                    node_type=node_type, autoscaler=Autoscaler(_gcs_address()), on_wait=on_wait)
+            except NoPlacement as exc:
+                raise GroupStartError("NoPlacement", "placement", exc.message) from None
             for rank in range(world):
                 group.actors.append(RankActor.options(
                     name=spec.actor_name(rank), namespace=NAMESPACE, lifetime="detached",

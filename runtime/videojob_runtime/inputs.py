@@ -8,11 +8,13 @@ they are read precomputed from ``<faceImage>.npz`` (``id_cond`` [1,
 LFE_id_dim] and ``id_vit_hidden_<i>``, one per LFE scale), so tests and CPU
 runs need no face models.
 
-https inputs are fetched by the job's driver, once per job and never by a
-rank (``staged_inputs``): n ranks would be n downloads of a file that could
-differ between them. The copies go into a directory of their own that is
-removed when the job ends, however it ends; the request the ranks get names
-the copies as plain paths inside that directory (``local_inputs_dir``).
+https inputs are fetched by the job's driver, once per attempt and never by
+a rank (``staged_inputs``): n ranks would be n downloads of a file that could
+differ between them. The copies go into the attempt's own directory under
+VIDEOJOB_INPUT_STAGING_ROOT (``staging``: on the volume every Ray pod shares),
+removed when the attempt ends, however it ends; the request the ranks get
+names the copies as plain paths inside that directory (``local_inputs_dir``),
+and a rank that cannot see them says which setting is wrong.
 Fetching keeps TLS verification on, stops at a size limit while streaming,
 and has a connect/read timeout and an overall deadline (``RunSettings``).
 """
@@ -22,14 +24,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import http.client
-import shutil
 import ssl
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from videojob.api.uris import uri_problem
 from videojob.settings import RunSettings
@@ -37,6 +37,7 @@ from videojob.settings import RunSettings
 from .errors import JobFailure
 from .locations import resolve
 from .request import JobRequest
+from .staging import StagingDir, missing_staged_file, staging_root
 
 CHUNK = 64 * 1024
 MAX_REDIRECTS = 5
@@ -57,8 +58,9 @@ def load_image(uri: str, width: int, height: int, field: str = "spec.image", loc
 
     path = resolve_input(uri, field, local_dir)
     if not path.is_file():
-        raise JobFailure(f"{field}: input image {uri} not found at {path}: check the uri and that the volume "
-                         "is mounted", stage="inputs", field=field)
+        raise JobFailure(missing_staged_file(field, path, local_dir)
+                         or f"{field}: input image {uri} not found at {path}: check the uri and that the volume "
+                            "is mounted", stage="inputs", field=field)
     return Image.open(path).convert("RGB").resize((width, height))
 
 
@@ -70,6 +72,7 @@ def load_face_embeddings(uri: str, dtype, field: str = "spec.faceImage", local_d
     path = resolve_input(f"{uri}.npz", field, local_dir)
     if not path.is_file():
         raise JobFailure(
+            missing_staged_file(field, path, local_dir) or
             f"{field}: ConsisID needs precomputed face embeddings at {path} (id_cond, id_vit_hidden_0..N): "
             "the face models are not bundled; compute them next to the face image",
             stage="inputs", field=field,
@@ -216,27 +219,34 @@ def _https_inputs(request: JobRequest) -> list[tuple[str, str, str, str]]:
 
 
 @contextlib.contextmanager
-def staged_inputs(request: JobRequest, settings: RunSettings | None = None) -> Iterator[JobRequest]:
-    """The request the ranks get: its https inputs fetched once, into a
-    directory of this job's that is removed on the way out (success or not),
-    and named there as local copies. A request without https inputs passes as it is."""
+def staged_inputs(request: JobRequest, settings: RunSettings | None = None, tag: str | None = None,
+                  on_directory: Callable[[str | None], None] | None = None) -> Iterator[JobRequest]:
+    """The request the ranks get: its https inputs fetched once, into this
+    attempt's own directory under the staging root (``staging.StagingDir``,
+    named after ``tag``), removed on the way out (success or not), and named
+    there as local copies. ``on_directory`` hears the directory (then None),
+    for a stop that cannot run this function's ``finally``. A request without
+    https inputs passes as it is."""
     remote = _https_inputs(request)
     if not remote:
         yield request
         return
     settings = settings or RunSettings()
-    if settings.input_staging_root:
-        Path(settings.input_staging_root).mkdir(parents=True, exist_ok=True)
-    directory = Path(tempfile.mkdtemp(prefix="videojob-inputs-", dir=settings.input_staging_root))
-    try:
-        copies: dict[str, str] = {}
-        for field, attribute, uri, name in remote:
-            target = directory / name
-            fetch_https(uri, target, field, settings)
-            if attribute == "face_image":  # ConsisID's embeddings live beside the face: <faceImage>.npz
-                base, sep, query = uri.partition("?")
-                fetch_https(f"{base}.npz{sep}{query}", directory / f"{name}.npz", field, settings)
-            copies[attribute] = str(target)
-        yield dataclasses.replace(request, local_inputs_dir=str(directory), **copies)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    staging = StagingDir(staging_root(settings.input_staging_root), tag or request.job_id,
+                         settings.input_staging_stale_s)
+    with staging as directory:
+        if on_directory is not None:
+            on_directory(str(directory))
+        try:
+            copies: dict[str, str] = {}
+            for field, attribute, uri, name in remote:
+                target = directory / name
+                fetch_https(uri, target, field, settings)
+                if attribute == "face_image":  # ConsisID's embeddings live beside the face: <faceImage>.npz
+                    base, sep, query = uri.partition("?")
+                    fetch_https(f"{base}.npz{sep}{query}", directory / f"{name}.npz", field, settings)
+                copies[attribute] = str(target)
+            yield dataclasses.replace(request, local_inputs_dir=str(directory), **copies)
+        finally:
+            if on_directory is not None:
+                on_directory(None)

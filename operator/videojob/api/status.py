@@ -55,6 +55,11 @@ class Reason(str, Enum):
     SUBMITTED = "Submitted"  # no longer set (the attempt write says Running); kept for older statuses
     RAY_UNAVAILABLE = "RayUnavailable"
     RAY_AUTH_FAILED = "RayAuthFailed"
+    WAITING_FOR_DRIVER = "WaitingForDriver"  # the driver's Ray job waits for a node with the driver resources
+    WAITING_FOR_NODE = "WaitingForNode"  # the group's placement waits for a node the autoscaler is launching
+    WAITING_FOR_PLACEMENT = "WaitingForPlacement"  # ... while nothing is launching (placement_timeout_s counts)
+    NO_PLACEMENT = "NoPlacement"  # nothing could place the group: re-queued, or failed after the requeue limit
+    PROTOCOL_INCOMPATIBLE = "ProtocolIncompatible"  # the RayCluster's runtime cannot run the operator's request
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -121,8 +126,10 @@ class Attempt(WireModel):
     plan: Optional[PlanStatus] = Field(default=None, description="The layout this attempt ran with.")
     started_at: Optional[datetime] = Field(default=None, description="When it started (RFC 3339).")
     finished_at: Optional[datetime] = Field(default=None, description="When it ended (RFC 3339).")
-    result: Literal["Running", "Succeeded", "Failed", "OutOfMemory", "Cancelled", "Interrupted", "Lost"] = Field(
-        default="Running", description="How it ended.")
+    result: Literal["Running", "Succeeded", "Failed", "OutOfMemory", "Cancelled", "Interrupted", "Lost",
+                    "Requeued"] = Field(
+        default="Running", description="How it ended. Requeued: its group could not be placed and the job went "
+                                       "back to the queue; such attempts do not count against maxAttempts.")
     reason: Optional[str] = Field(default=None, description="Why it ended so, in one word.")
     message: str = Field(default="", description="What happened: the rank, the stage, the error.")
     submission_id: Optional[str] = Field(

@@ -4,6 +4,15 @@ drivers carry it out; the operator never imports ray).
 
 Names: a group is ``vj-<uid of the job that started it>-a<attempt>``; its
 ranks are ``<group>-rank<i>`` and its placement group ``<group>-pg``.
+
+Every driver the operator submits, an attempt's or a teardown's, goes
+through ``DriverLaunch.submit``: 0 CPUs, and the Ray resources of
+VIDEOJOB_DRIVER_RESOURCES as the Ray job's ``entrypoint_resources``. Ray's
+Jobs API schedules the job's supervisor actor (and so the driver process, its
+child) with those resources, so with ``{"vj-driver": 1}`` drivers run only on
+nodes that advertise ``vj-driver`` (the chart's drivers worker group), never
+on the head; where no node offers them the job stays PENDING (and an
+autoscaler may launch one). Without them Ray pins the driver to the head.
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..driver_protocol import GROUP_PREFIX, teardown_entrypoint
@@ -56,22 +66,40 @@ def present(ray: RayClient, group: str) -> bool:
     return bool(ray.actors(f"{group}-rank") or ray.placement_groups(f"{group}-pg"))
 
 
-def submit_teardown(ray: RayClient, group: str, world: int, python: str, why: str) -> str:
+@dataclass(frozen=True)
+class DriverLaunch:
+    """How every driver is started: the entrypoint's Python and the Ray resources
+    its job asks for (settings: driver_python, driver_resources)."""
+
+    python: str = "python"
+    resources: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, settings) -> "DriverLaunch":
+        return cls(settings.driver_python, settings.entrypoint_resources)
+
+    def submit(self, ray: RayClient, submission_id: str, entrypoint: str, metadata: dict[str, str]) -> bool:
+        """Submit one driver (True: created; False: it existed, adopt it)."""
+        return ray.submit(submission_id, entrypoint, entrypoint_num_cpus=0,
+                          entrypoint_resources=dict(self.resources) or None, metadata=metadata)
+
+
+def submit_teardown(ray: RayClient, group: str, world: int, launch: DriverLaunch, why: str) -> str:
     """Submit a driver that removes ``group``; returns its submission id."""
     sid = f"vj-teardown-{uuid.uuid4().hex[:12]}"
-    ray.submit(sid, teardown_entrypoint(group, world, python), entrypoint_num_cpus=0,
-               metadata={"videojob.io/teardown": group, "videojob.io/why": why[:100]})
+    launch.submit(ray, sid, teardown_entrypoint(group, world, launch.python),
+                  metadata={"videojob.io/teardown": group, "videojob.io/why": why[:100]})
     log.info("group %s: teardown driver %s submitted (%s)", group, sid, why)
     return sid
 
 
-def teardown_groups(ray: RayClient, groups: Iterable[str], python: str, why: str, wait_s: float = 0.0,
+def teardown_groups(ray: RayClient, groups: Iterable[str], launch: DriverLaunch, why: str, wait_s: float = 0.0,
                     world: int = 8) -> list[str]:
     """Remove ``groups``; with ``wait_s`` wait up to that long for them to be gone.
     Returns the groups still present at the end (empty when all went)."""
     groups = [g for g in groups if g]
     for group in groups:
-        submit_teardown(ray, group, world, python, why)
+        submit_teardown(ray, group, world, launch, why)
     deadline = time.monotonic() + wait_s
     left = list(groups)
     while left and time.monotonic() < deadline:
@@ -81,4 +109,4 @@ def teardown_groups(ray: RayClient, groups: Iterable[str], python: str, why: str
     return [g for g in left if wait_s <= 0 or present(ray, g)] if wait_s > 0 else left
 
 
-__all__ = ["group_of", "groups_in_ray", "owner_uid", "present", "submit_teardown", "teardown_groups"]
+__all__ = ["DriverLaunch", "group_of", "groups_in_ray", "owner_uid", "present", "submit_teardown", "teardown_groups"]

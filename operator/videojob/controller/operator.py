@@ -108,10 +108,10 @@ class Controller:
 
     def sweep(self) -> dict[str, list[str]]:
         """One sweep: idle groups past the TTL, and groups nobody owns, are torn down."""
-        ray, python = self.ctx.ray, self.settings.driver_python
+        ray, launch = self.ctx.ray, self.ctx.launch
         expired = self.admissions.expired()
         if expired:
-            teardown_groups(ray, expired, python, "idle past the TTL")
+            teardown_groups(ray, expired, launch, "idle past the TTL")
             self.metrics.evictions.labels(why="ttl").inc(len(expired))
         live: dict[str, str] = {}
         for obj in self.ctx.jobs.list(self.settings.namespaces):
@@ -134,7 +134,7 @@ class Controller:
             if uid is None or phase is None or phase in TERMINAL:
                 ownerless.append(group)
         if ownerless:
-            teardown_groups(ray, ownerless, python, "its owner no longer exists")
+            teardown_groups(ray, ownerless, launch, "its owner no longer exists")
             self.metrics.evictions.labels(why="ownerless").inc(len(ownerless))
         self.metrics.set_capacity(self.admissions.snapshot())
         return {"expired": expired, "ownerless": ownerless}

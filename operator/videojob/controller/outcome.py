@@ -5,7 +5,11 @@
 - ``oom``: out of memory: re-plan stricter and try again (while attempts last).
 - ``lost``: an actor, the driver or a pod went away (or Ray failed): the same
   plan again after a backoff.
-- ``failed``: anything else (bad input, a bug): retrying would fail the same way.
+- ``requeue``: nothing could place the group (``NoPlacement``: no room, and no
+  node of its class being launched): back to the queue without using up an
+  attempt, within the requeue limit.
+- ``failed``: anything else (bad input, a bug, a runtime that cannot speak the
+  operator's protocol): retrying would fail the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..driver_protocol import PROTOCOL, UPGRADE_HINT
 from ..raycluster.client import RayJob
 
 # Reasons a retry of the same plan may cure: something outside the job went away.
@@ -29,8 +34,23 @@ class Outcome:
 
     @property
     def attempt_result(self) -> str:
-        return {"succeeded": "Succeeded", "oom": "OutOfMemory", "lost": "Lost"}.get(
+        return {"succeeded": "Succeeded", "oom": "OutOfMemory", "lost": "Lost", "requeue": "Requeued"}.get(
             self.kind, "Cancelled" if self.reason == "Cancelled" else "Failed")
+
+    @property
+    def driver_protocol(self) -> str | None:
+        """The protocol the driver said it speaks (records before 1.1 carry none: "1.0")."""
+        if not self.result:
+            return None
+        return str(self.result.get("protocol") or "1.0")
+
+
+def _refused_by_old_driver(result: dict[str, Any]) -> bool:
+    """A 1.0 driver's answer to a request with a field it does not know: it refused to decode it."""
+    error = result.get("error") or {}
+    return (not result.get("protocol") and error.get("reason") == "BadRequest"
+            and "does not decode" in str(error.get("message")) and "Extra inputs are not permitted"
+            in str(error.get("message")))
 
 
 def outcome_of(ray_job: RayJob, result: dict[str, Any] | None) -> Outcome:
@@ -40,13 +60,21 @@ def outcome_of(ray_job: RayJob, result: dict[str, Any] | None) -> Outcome:
         message = ray_job.message or f"Ray job {ray_job.status} without a result"
         return Outcome("lost", "DriverLost", f"the driver ended ({ray_job.status}) without a result: {message}"[:1000],
                        {})
+    if _refused_by_old_driver(result):
+        return Outcome("failed", "ProtocolIncompatible",
+                       f"this runtime speaks protocol 1.0 (it refuses request fields it does not know); the operator "
+                       f"needs {PROTOCOL}: {UPGRADE_HINT}", result)
     error = result.get("error") or {"reason": "DriverFailed", "stage": "run",
                                     "message": ray_job.message or f"Ray job {ray_job.status}"}
     reason = error.get("reason") or "Failed"
+    if reason == "ProtocolIncompatible":
+        return Outcome("failed", reason, str(error.get("message", ""))[:1000], result)
     where = error.get("summary") or f"failed in {error.get('stage') or 'run'}"
     message = f"{where}: {reason}: {error.get('message', '')}"[:1000]
     if reason == "OutOfMemory":
         kind = "oom"
+    elif reason == "NoPlacement":
+        kind = "requeue"
     elif reason in LOST_REASONS:
         kind = "lost"
     else:

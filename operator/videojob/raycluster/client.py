@@ -52,6 +52,8 @@ class RayJob:
     start_time_ms: int | None = None
     end_time_ms: int | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    # The Ray node the driver runs on (None while PENDING): where its entrypoint resources put it.
+    driver_node_id: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -62,7 +64,8 @@ class RayJob:
         return cls(submission_id=data.get("submission_id") or data.get("job_id") or "",
                    status=str(data.get("status", "")), message=data.get("message") or "",
                    error_type=data.get("error_type"), start_time_ms=data.get("start_time"),
-                   end_time_ms=data.get("end_time"), metadata=data.get("metadata") or {})
+                   end_time_ms=data.get("end_time"), metadata=data.get("metadata") or {},
+                   driver_node_id=data.get("driver_node_id") or None)
 
 
 class RayClient(Protocol):

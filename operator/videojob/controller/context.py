@@ -1,0 +1,50 @@
+"""What every job's lifecycle shares, and the small pieces its parts all use."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable
+
+from ..api.status import Phase
+from ..inventory import ClusterInventory
+from ..metrics import Metrics
+from ..raycluster.client import RayClient
+from ..settings import OperatorSettings
+from .admission import Admissions
+from .groups import DriverLaunch
+from .kube import VideoJobs
+
+EventFn = Callable[[str, str, str, str, str, str], None]  # (namespace, name, uid, type, reason, message)
+TERMINAL = {Phase.SUCCEEDED.value, Phase.FAILED.value, Phase.CANCELLED.value}
+
+
+@dataclass
+class Context:
+    """What every job's lifecycle shares."""
+
+    jobs: VideoJobs
+    ray: RayClient
+    admissions: Admissions
+    inventory: ClusterInventory
+    settings: OperatorSettings
+    metrics: Metrics
+    event: EventFn
+
+    @property
+    def launch(self) -> DriverLaunch:
+        """How drivers are submitted (every one: attempts' and teardowns')."""
+        return DriverLaunch.of(self.settings)
+
+
+class Stopped(Exception):
+    """The daemon was asked to stop (operator shutdown or the job's deletion)."""
+
+
+def epoch(timestamp: str) -> float:
+    """Seconds since the epoch of a status timestamp (now, when it is not one)."""
+    try:
+        return datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    except (TypeError, ValueError):
+        return time.time()

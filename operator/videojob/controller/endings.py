@@ -1,0 +1,167 @@
+"""How an attempt's end becomes the job's: success, a re-plan, a retry, a
+re-queue, or failure with every attempt's story.
+
+Mixed into ``JobLifecycle``. Every ended attempt stays in ``status.attempts``
+with its result. What happens next (``outcome.Outcome.kind``):
+
+- succeeded: the output and measurements in status; the group stays warm or goes;
+- oom: re-planned stricter (``OOM_MARGIN``), a new attempt;
+- lost: the same plan after a backoff (doubled per attempt);
+- requeue (``NoPlacement``: no room for the group and no node of its class
+  being launched): back to the queue after a backoff, the attempt recorded
+  as ``Requeued``, which does not count against ``MAX_ATTEMPTS``. So that a
+  group that can never be placed does not loop for ever, the job fails with
+  reason ``NoPlacement`` once ``PLACEMENT_REQUEUE_LIMIT_S`` has passed since
+  its first re-queued attempt started (status timestamps: a restarted
+  operator keeps counting);
+- failed (bad input, a bug, ``ProtocolIncompatible``): failed, no retry.
+
+Only non-requeued attempts count against ``MAX_ATTEMPTS`` (``counted``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ..api import VideoJob
+from ..api.status import ConditionType, Phase, Reason
+from ..raycluster.client import RayUnavailable
+from .context import epoch
+from .groups import teardown_groups
+from .outcome import Outcome, story, success_changes
+from .status import now
+
+log = logging.getLogger("videojob.controller")
+REQUEUED = "Requeued"
+# A re-queued job tries again after retry_backoff_s, doubled per re-queue, at most this long.
+REQUEUE_BACKOFF_CAP_S = 300.0
+
+
+def counted(attempts: list[dict[str, Any]]) -> int:
+    """The attempts that count against max_attempts (re-queued ones do not)."""
+    return sum(1 for a in attempts if a.get("result") != REQUEUED)
+
+
+class Endings:
+    """``JobLifecycle``'s endings of attempts (see the module)."""
+
+    def _ended_attempts(self, attempt: dict[str, Any], result: str, reason: str, message: str) -> list[dict]:
+        attempts = list(self.book.status.get("attempts") or [])
+        index = next(i for i, a in enumerate(attempts) if a.get("number") == attempt["number"])
+        attempts[index] = {**attempts[index], "finishedAt": now(), "result": result, "reason": reason,
+                           "message": message}
+        self.ctx.metrics.attempts.labels(result=result).inc()
+        return attempts
+
+    def _succeed(self, job: VideoJob, plan: dict[str, Any], attempt: dict[str, Any], result: dict[str, Any]) -> None:
+        metrics = self.ctx.metrics
+        changes, measured = success_changes(self.book.status, result)
+        if "cacheSkipRatio" in measured:
+            metrics.cache_skip_ratio.observe(measured["cacheSkipRatio"])
+        estimated = plan.get("estimatedPeakGiBPerGPU")
+        if estimated and measured.get("peakGiB"):
+            metrics.memory_ratio.observe(measured["peakGiB"] / estimated)
+        for key, value in measured.items():
+            if key.endswith("Seconds"):
+                metrics.stage_seconds.labels(stage=key.removesuffix("Seconds")).observe(value)
+        group = result.get("groupName") or attempt.get("group")
+        kept = bool(result.get("groupKept")) and self.ctx.settings.warm_group_ttl_s > 0
+        pool = self._pool_key(job, plan)
+        # The GPUs: held by the idle warm group from now on, or free.
+        self.ctx.admissions.finish(self.key, keep_group=group if kept else None, model=job.spec.model.name)
+        self._capacity_metrics()
+        changes.update({
+            "phase": Phase.SUCCEEDED.value, "completionTime": now(),
+            "attempts": self._ended_attempts(attempt, "Succeeded", Reason.SUCCEEDED.value, ""),
+            "actorGroup": {"name": group, "reused": bool(result.get("groupReused")), "kept": kept,
+                           "poolKey": pool if kept else None},
+            "conditions": self.book.condition(ConditionType.COMPLETED, "True", Reason.SUCCEEDED, changes["message"])})
+        started = self.book.status.get("startTime")
+        self.book.update(changes, event_message=changes["message"])
+        if started:
+            metrics.job_seconds.observe(max(0.0, epoch(changes["completionTime"]) - epoch(started)))
+
+    def _retry(self, stopped, job: VideoJob, plan: dict[str, Any], attempt: dict[str, Any],
+               outcome: Outcome) -> bool:
+        """After a failed attempt: record it, free its GPUs and group, and either set up
+        the next attempt (True) or fail the job with every attempt's story (False)."""
+        attempts = self._ended_attempts(attempt, outcome.attempt_result, outcome.reason, outcome.message)
+        self.ctx.admissions.finish(self.key)
+        self._capacity_metrics()
+        group = attempt.get("group")
+        if group and (outcome.result.get("groupKept") or outcome.kind == "lost"):
+            try:  # a failed attempt's group is in an unknown state: it goes (not back to the pool)
+                teardown_groups(self.ctx.ray, [group], self.ctx.launch,
+                                f"attempt {attempt['number']} of {self.key} failed", wait_s=30.0,
+                                world=plan["gpus"])
+            except RayUnavailable as exc:
+                log.warning("%s: could not remove group %s (%s); the sweeper will", self.key, group, exc)
+        if outcome.kind == "requeue":
+            return self._requeue(stopped, plan, attempt, attempts, outcome)
+        settings = self.ctx.settings
+        used = counted(attempts)
+        left = settings.max_attempts - used
+        typed = {"oom": Reason.OUT_OF_MEMORY, "lost": Reason.FAILED}.get(outcome.kind, Reason.FAILED)
+        if outcome.reason == "Cancelled":
+            typed = Reason.CANCELLED
+        elif outcome.reason == Reason.PROTOCOL_INCOMPATIBLE.value:
+            typed = Reason.PROTOCOL_INCOMPATIBLE
+        if outcome.kind not in ("oom", "lost") or left <= 0:
+            why = "" if outcome.kind not in ("oom", "lost") else f" (no attempts left of {settings.max_attempts})"
+            message = f"{outcome.message}{why}. {story(attempts)}"
+            self._fail(typed, message, changes={"attempts": attempts})
+            return False
+        if outcome.kind == "oom":
+            choice = self._choice(job, attempts)
+            if choice.chosen is None:
+                message = (f"{outcome.message}; no stricter layout fits ({choice.reason}). {story(attempts)}")
+                self._fail(Reason.OUT_OF_MEMORY, message, changes={"attempts": attempts})
+                return False
+            new_plan = self._plan_status(choice)
+            message = (f"attempt {attempt['number']} ran out of memory with {plan['summary']} on "
+                       f"{plan.get('gpuClass')}; re-planned: {new_plan['summary']} on {new_plan['gpuClass']}")
+            self.book.update({"phase": Phase.PLANNED.value, "plan": new_plan, "attempts": attempts,
+                              "message": message, "progress": None,
+                              "conditions": self.book.condition(ConditionType.PLANNED, "True", Reason.REPLANNED,
+                                                                message)}, event_message=message)
+            return True
+        delay = settings.retry_backoff_s * 2 ** max(0, used - 1)
+        message = (f"attempt {attempt['number']} lost ({outcome.reason}): {outcome.message[:300]}; "
+                   f"retrying in {delay:g} s ({left} attempt(s) left)")
+        self.book.update({"phase": Phase.QUEUED.value, "attempts": attempts, "message": message, "progress": None,
+                          "conditions": self.book.condition(ConditionType.ADMITTED, "False", Reason.FAILED,
+                                                            message)}, event_message=message)
+        self._wait(stopped, delay)
+        return True
+
+    def _requeue(self, stopped, plan: dict[str, Any], attempt: dict[str, Any], attempts: list[dict[str, Any]],
+                 outcome: Outcome) -> bool:
+        """Nothing could place the attempt's group: back to the queue (True), or, once
+        the job has been re-queued for ``placement_requeue_limit_s``, fail it (False)."""
+        settings = self.ctx.settings
+        requeued = [a for a in attempts if a.get("result") == REQUEUED]
+        # startedAt is in whole seconds (truncated): count from the end of that second, so the
+        # job never fails before the limit.
+        since = epoch(requeued[0].get("startedAt") or "") + 1.0
+        spent = max(0.0, time.time() - since)
+        limit = settings.placement_requeue_limit_s
+        klass = plan.get("gpuClass") or "?"
+        if spent >= limit:
+            message = (f"no node could hold the group of {plan['gpus']} rank(s) of class {klass}: re-queued "
+                       f"{len(requeued)} time(s) over {spent:.0f} s, the limit being {limit:g} s "
+                       f"(VIDEOJOB_PLACEMENT_REQUEUE_LIMIT_S); last: {outcome.message}. {story(attempts)}")
+            self._fail(Reason.NO_PLACEMENT, message, changes={"attempts": attempts})
+            return False
+        delay = min(settings.retry_backoff_s * 2 ** (len(requeued) - 1), REQUEUE_BACKOFF_CAP_S, limit - spent)
+        message = (f"attempt {attempt['number']} could not be placed ({outcome.message[:400]}); re-queued, "
+                   f"not counted as an attempt, trying again in {delay:.0f} s; the job fails after "
+                   f"{limit - spent:.0f} s more of this (VIDEOJOB_PLACEMENT_REQUEUE_LIMIT_S). Check that class "
+                   f"{klass}'s worker group can add a pod (maxReplicas, quota, node selectors, image)")
+        self.book.update({"phase": Phase.QUEUED.value, "attempts": attempts, "message": message[:1000],
+                          "progress": None, "actorGroup": None,
+                          "conditions": self.book.condition(ConditionType.ADMITTED, "False", Reason.NO_PLACEMENT,
+                                                            message)}, event_message=message)
+        self._wait(stopped, delay)
+        return True

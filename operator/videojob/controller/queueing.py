@@ -1,0 +1,88 @@
+"""Waiting for GPUs: a job's place in the scheduler's queue, shown in its status.
+
+Mixed into ``JobLifecycle``: ``_admit`` asks the scheduler (``Admissions``)
+until it admits the job (on its own class, or spilled to another), writing
+``Queued`` with the place and what the job waits for at most every
+``queue_status_interval_s``; ``_evict`` tears down the idle warm groups an
+admission takes the GPUs of.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ..api import VideoJob
+from ..api.status import ConditionType, Phase, Reason
+from ..planner.classes import class_rank
+from ..planner.memory import OFFLOAD_MODES
+from ..raycluster.client import RayUnavailable
+from ..scheduling import Admission, Ask, Fallback
+from .context import Stopped, epoch
+from .groups import teardown_groups
+
+log = logging.getLogger("videojob.controller")
+
+
+class Queueing:
+    """``JobLifecycle``'s admission (see the module)."""
+
+    def _admit(self, stopped, job: VideoJob, plan: dict[str, Any]) -> tuple[Admission, dict[str, Any]]:
+        """Wait for GPUs; returns the admission and the plan it runs with (another
+        class's layout when the scheduler let the job spill there)."""
+        klass = plan.get("gpuClass") or self.ctx.inventory.classes[0].name
+        choice, self._last_choice = self._last_choice or self._choice(job), None
+        options = {k.name: (k, a) for k, a in choice.options}
+        fallbacks = []
+        for name, (k, a) in options.items():
+            if name != klass:
+                alt = self._plan_status(None, (k, a))
+                fallbacks.append(Fallback(name, a.layout.gpus, a.seconds, self._pool_key(job, alt),
+                                          class_rank(k, a)[0]))
+        offload_rank = OFFLOAD_MODES.index(plan.get("offload") or "none")
+        ask = Ask(self.key, klass, plan["gpus"], job.spec.resources.priority,
+                  epoch(str(job.metadata.get("creationTimestamp", ""))),
+                  float(plan.get("estimatedSeconds") or 60.0), self._pool_key(job, plan),
+                  offload_rank=offload_rank, fallbacks=tuple(fallbacks))
+        last_write, last_place = float("-inf"), None
+        while True:
+            try:
+                admission, position, why = self.ctx.admissions.request(ask)
+            except ValueError as exc:  # more GPUs than one pod of the class: never
+                self._fail(Reason.DOES_NOT_FIT, f"{exc}: it can never run here", ConditionType.ADMITTED)
+                raise Stopped from None
+            self._capacity_metrics()
+            if admission is not None:
+                if admission.evict:
+                    self._evict(admission.evict, "needed by " + self.key)
+                if admission.spilled and admission.klass in options:
+                    spilled = self._plan_status(None, options[admission.klass])
+                    self._unwritten_plan = (spilled, f"spilled from {klass}, where it would have waited, to "
+                                                     f"{admission.klass}, where it ends sooner")
+                    return admission, spilled
+                return admission, plan
+            clock = time.monotonic()
+            if last_place is None or (position != last_place
+                                      and clock - last_write >= self.ctx.settings.queue_status_interval_s):
+                changes, event = self._with_plan(
+                    {"phase": Phase.QUEUED.value, "queue": {"position": position, "waitingFor": why},
+                     "message": f"waiting for {why}"},
+                    (ConditionType.ADMITTED, "False", Reason.WAITING_FOR_GPUS, f"waiting for {why}"))
+                if self.book.update(changes, event_message=event):
+                    last_write = clock
+                self._unwritten_plan = None
+                last_place = position
+            self._wait(stopped, self.ctx.settings.poll_interval_s)
+
+    def _evict(self, groups: tuple[str, ...], why: str) -> None:
+        """Tear down idle warm groups whose GPUs this job needs (and wait, bounded, for them to go)."""
+        self.ctx.metrics.evictions.labels(why="needed").inc(len(groups))
+        try:
+            left = teardown_groups(self.ctx.ray, groups, self.ctx.launch, why, wait_s=60.0)
+        except RayUnavailable as exc:
+            log.warning("%s: could not evict %s (%s); the placement waits for them", self.key, groups, exc)
+            return
+        if left:
+            log.warning("%s: evicted groups %s still present after 60 s; the placement waits for them",
+                        self.key, left)

@@ -1,0 +1,104 @@
+"""Watching a running attempt: the driver's records, turned into status.
+
+Mixed into ``JobLifecycle``: ``_watch`` polls the driver's Ray job and its
+logs until it ends. On the way it shows, each only when it changed and at
+most every ``progress_interval_s``:
+
+- a driver whose Ray job is still PENDING while drivers need resources
+  (VIDEOJOB_DRIVER_RESOURCES): ``ActorsReady=False``, ``WaitingForDriver``;
+- a placement that waits (the driver's ``placement`` progress records):
+  ``WaitingForNode`` while the autoscaler starts a node of the job's class,
+  ``WaitingForPlacement`` while nothing is launching, with the driver's
+  message ("waiting for a node of class X (the autoscaler is starting one
+  ...)") as the job's message;
+- the group ready (the driver's ``group`` record), then denoising progress:
+  ``ActorsReady=True`` and ``status.progress``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from ..api.status import ConditionType, Phase, Reason
+from ..driver_protocol import records, result_of
+from ..raycluster.client import RayJob
+
+PLACEMENT_REASONS = {"waiting-for-node": Reason.WAITING_FOR_NODE, "waiting-for-room": Reason.WAITING_FOR_PLACEMENT}
+
+
+class Watching:
+    """``JobLifecycle``'s watch of a running attempt (see the module)."""
+
+    def _watch(self, stopped, attempt: dict[str, Any]) -> tuple[RayJob, dict[str, Any] | None] | None:
+        """Until the driver ends ((its Ray job, its result record)) or Ray no longer knows it (None)."""
+        sid = attempt["submissionId"]
+        last_write = float("-inf")
+        waiting = False
+        while True:
+            ray_job: RayJob = self._ray(stopped, lambda: self.ctx.ray.job(sid), Phase.RUNNING.value)
+            if ray_job is None:
+                return None
+            logs = self._ray(stopped, lambda: self.ctx.ray.logs(sid), Phase.RUNNING.value)
+            clock = time.monotonic()
+            if ray_job.terminal:
+                if waiting:  # it ended between two looks: the wait it showed is over
+                    self._show_latest(attempt, logs, waiting)
+                return ray_job, result_of(logs)
+            if ray_job.status == "PENDING":
+                self._show_pending_driver(attempt)
+            elif clock - last_write >= self.ctx.settings.progress_interval_s:
+                wrote, waiting = self._show_latest(attempt, logs, waiting)
+                if wrote:
+                    last_write = clock
+            self._wait(stopped, self.ctx.settings.poll_interval_s)
+
+    def _show_latest(self, attempt: dict[str, Any], logs: str, waiting: bool) -> tuple[bool, bool]:
+        """Show the driver's latest news; (written, still waiting for placement)."""
+        latest = None
+        for item in records(logs):
+            if item["type"] in ("progress", "group"):
+                latest = item
+        if latest is None:
+            return False, waiting
+        if latest["type"] == "group":
+            return self._show_group(attempt, latest, waiting), False
+        if latest.get("stage") == "placement" and latest.get("state") in PLACEMENT_REASONS:
+            return self._show_placement(attempt, latest), True
+        return self._show_progress(attempt, latest, waiting), False
+
+    def _show_group(self, attempt: dict[str, Any], group: dict[str, Any], was_waiting: bool) -> bool:
+        how = "reused" if group.get("reused") else f"started in {group.get('seconds')}s"
+        message = f"attempt {attempt['number']}: group {group.get('name')} ready ({how})"
+        changes: dict[str, Any] = {"conditions": self.book.condition(ConditionType.ACTORS_READY, "True",
+                                                                     Reason.ACTORS_READY, message)}
+        if was_waiting:  # the waiting message is no longer news
+            changes["message"] = message
+        return self.book.update(changes)
+
+    def _show_pending_driver(self, attempt: dict[str, Any]) -> bool:
+        resources = self.ctx.launch.resources
+        if not resources:
+            return False  # Ray starts drivers on the head at once: PENDING is a moment of runtime-env setup
+        message = (f"attempt {attempt['number']}: its driver waits for a Ray node that offers "
+                   f"{json.dumps(resources, sort_keys=True)} (VIDEOJOB_DRIVER_RESOURCES; with KubeRay, the "
+                   "drivers' worker group)")
+        return self.book.update({"message": message, "conditions": self.book.condition(
+            ConditionType.ACTORS_READY, "False", Reason.WAITING_FOR_DRIVER, message)})
+
+    def _show_placement(self, attempt: dict[str, Any], progress: dict[str, Any]) -> bool:
+        message = f"attempt {attempt['number']}: {progress.get('message') or progress['state']}"
+        return self.book.update({"message": message[:1000], "conditions": self.book.condition(
+            ConditionType.ACTORS_READY, "False", PLACEMENT_REASONS[progress["state"]], message)})
+
+    def _show_progress(self, attempt: dict[str, Any], progress: dict[str, Any], was_waiting: bool) -> bool:
+        steps = int(progress.get("steps") or 0)
+        step = int(progress.get("step") or 0)
+        changes: dict[str, Any] = {
+            "progress": {"step": step, "steps": steps, "percent": int(100 * step / steps) if steps else 0},
+            "conditions": self.book.condition(ConditionType.ACTORS_READY, "True", Reason.RUNNING,
+                                              f"{progress.get('stage') or ''}".strip())}
+        if was_waiting:  # the waiting message is no longer news
+            changes["message"] = f"attempt {attempt['number']}: its group is placed; {progress.get('stage')}"
+        return self.book.update(changes)
