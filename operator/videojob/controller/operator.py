@@ -9,6 +9,7 @@ past their TTL, and groups whose owner no longer exists, are torn down.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -50,6 +51,11 @@ class Controller:
         settings = self.settings
         if settings.ray_mode == "embedded":
             from ..raycluster.embedded import start_embedded_ray
+
+            if settings.driver_resources:
+                log.warning("VIDEOJOB_DRIVER_RESOURCES=%s in embedded mode: the embedded Ray head offers no such "
+                            "resources, so drivers will wait for ever (WaitingForDriver); unset it here",
+                            json.dumps(settings.driver_resources))
 
             self.embedded = start_embedded_ray(num_cpus=settings.embedded_ray_cpus)
             return HttpRayClient(self.embedded.dashboard_url, token=self.embedded.token,
