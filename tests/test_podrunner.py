@@ -684,7 +684,8 @@ def test_unknown_image(runner, namespace):
 
 def test_crash_adopt_and_cleanup(kube_cluster, runner, namespace, tmp_path):
     """A runner killed with SIGKILL leaves its pods running; a new one on the same state dir
-    adopts them (same pid 1); `cleanup` removes everything a crashed one left."""
+    adopts them (same pid 1); `cleanup` removes everything a crashed one left; a runner
+    started after that runs the pod again as a restart; a stopped runner marks it Failed."""
     api, ns = runner.api, namespace
     node = f"pr-{secrets.token_hex(3)}-c"
     second = RunnerProcess(kube_cluster, tmp_path / "state", [node], runner.argv[runner.argv.index("--image-map") + 1],
@@ -712,6 +713,19 @@ def test_crash_adopt_and_cleanup(kube_cluster, runner, namespace, tmp_path):
         assert res.returncode == 0, res.stderr
         assert "netns" in res.stdout
         _assert_clean(second, state.get("hostPaths", []), [pid])
+
+        # its processes gone, the pod starts over in a new sandbox, counted as a restart
+        second.start()
+        again = api.wait_pod(ns, "survivor", "running again after the clean-up",
+                             lambda p: cstatus(p, "main").get("restartCount") == 1 and phase(p) == "Running"
+                             and "running" in cstatus(p, "main")["state"])
+        assert cstatus(again, "main")["lastState"]["terminated"]["reason"] == "ContainerStatusUnknown"
+        assert second.pod_record(ns, "survivor")["containers"][0]["pid"] != pid
+        state = second.state()
+        assert second.stop() == 0
+        _assert_clean(second, state.get("hostPaths", []), _all_pids(state))
+        stopped = api.pod(ns, "survivor")
+        assert phase(stopped) == "Failed" and "shutdown" in stopped["status"].get("message", ""), stopped["status"]
     finally:
         if second.proc and second.proc.poll() is None:
             second.stop()

@@ -36,6 +36,7 @@ class Ctr:
     backoff: float | None = None          # the next CrashLoopBackOff delay
     last_start: float = 0.0
     force_restart: bool = False           # killed by its liveness/startup probe
+    resumed: bool = False                 # ran under a previous runner: its next start is a restart
     target: Target | None = field(default=None, repr=False)
 
 
@@ -67,12 +68,40 @@ class PodWorker(Termination, threading.Thread):
         self._sandbox_error: str | None = None
         self._phase_override: tuple[str, str, str] | None = None
         self.done = threading.Event()
+        if adopt is None:
+            self._resume(pod)
 
     def _ctr(self, c: dict, init: bool) -> Ctr:
         cs = CState(name=c["name"], image=c.get("image", ""), init=init,
                     reason="PodInitializing" if (init or self.pod["spec"].get("initContainers")) else "ContainerCreating")
         d = self.sandbox.dir / "containers" / c["name"]
         return Ctr(spec=c, cs=cs, log_path=self.sandbox.logs / f"{c['name']}.log", dir=d)
+
+    def _resume(self, pod: dict) -> None:
+        """A pod whose containers ran before, under a runner that is gone (a node reboot, to
+        the kubelet): they start again in a new sandbox, counted as restarts; under
+        restartPolicy Never a lost running container ends as ContainerStatusUnknown."""
+        status = pod.get("status") or {}
+        old = {(s["name"], init): s for init, key in ((True, "initContainerStatuses"), (False, "containerStatuses"))
+               for s in status.get(key) or []}
+        never = pod["spec"].get("restartPolicy", "Always") == "Never"
+        for c in self.init + self.main:
+            st = old.get((c.cs.name, c.cs.init))
+            if not st or not ({"running", "terminated"} & set(st.get("state") or {})):
+                continue
+            c.cs.restart_count = st.get("restartCount", 0)
+            term = (st.get("state") or {}).get("terminated")
+            if never and (not c.cs.init or term):
+                if term is None:
+                    term = {"exitCode": 137, "reason": "ContainerStatusUnknown",
+                            "message": "The container could not be located when the pod was terminated"}
+                c.cs.state, c.cs.exit_code = "terminated", term.get("exitCode")
+                c.cs.term_reason, c.cs.term_message = term.get("reason"), term.get("message", "")
+                c.cs.finished_at = time.time()
+                continue
+            c.cs.last_terminated = term or {"exitCode": 137, "reason": "ContainerStatusUnknown",
+                                            "message": "The container could not be located when the pod was deleted"}
+            c.resumed = True
 
     # ---- events from other threads
     def wake(self) -> None:
@@ -178,6 +207,9 @@ class PodWorker(Termination, threading.Thread):
                 continue
             if c.inst is not None and c.inst.alive():
                 return wait
+            if c.resumed:
+                self._start(pod, c, restart=True)
+                return 1.0
             if c.cs.state == "terminated" or c.cs.last_terminated:
                 if policy == "Never":
                     return wait   # phase() says Failed
@@ -187,8 +219,8 @@ class PodWorker(Termination, threading.Thread):
         for c in self.main:
             if c.inst is not None and c.inst.alive():
                 continue
-            if c.inst is None and c.cs.state == "waiting" and not c.cs.last_terminated:
-                started = self._start(pod, c)
+            if c.inst is None and c.cs.state == "waiting" and (c.resumed or not c.cs.last_terminated):
+                started = self._start(pod, c, restart=c.resumed)
                 wait = min(wait, 2.0 if started or c.cs.reason != "ErrImagePull" else 10.0)
                 continue
             exit_code = c.cs.exit_code if c.cs.state == "terminated" else (c.cs.last_terminated or {}).get("exitCode")
@@ -259,6 +291,7 @@ class PodWorker(Termination, threading.Thread):
         spec, target = prepared
         if restart:
             cs.restart_count += 1
+        c.resumed = False
         c.inst = containers.start(self.sandbox.netns, spec, c.dir, c.log_path, on_exit=self.wake)
         c.exit_handled = False
         c.last_start = time.time()
