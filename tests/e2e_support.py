@@ -87,8 +87,11 @@ class Release:
             found = self.pods(selector)
             up = [p for p in found if running_ready(p)]
             return up if len(found) == count and len(up) == count else None
-        return wait_for(f"{count} Ready pod(s) `{selector}` in {self.namespace} (pods: "
-                        f"{self.describe_pods()})", ready, timeout=timeout, interval=1)
+        try:
+            return wait_for(f"{count} Ready pod(s) `{selector}` in {self.namespace}", ready, timeout=timeout,
+                            interval=1)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; pods now: {self.describe_pods()}") from None
 
     def describe_pods(self) -> str:
         """One line per pod: name, node, phase, container states (for timeout messages)."""
@@ -220,8 +223,11 @@ class JobWatch:
                    for o in done.values()):
                 return done
             return None
-        return wait_for(f"VideoJobs {self.names} to finish (seen: {self.seen}; pods: "
-                        f"{self.release.describe_pods()})", finished, timeout=timeout, interval=1)
+        try:
+            return wait_for(f"VideoJobs {self.names} to finish", finished, timeout=timeout, interval=1)
+        except TimeoutError as exc:
+            story = "\n".join(f"{n}:\n  " + "\n  ".join(self.texts(n)) for n in self.names)
+            raise TimeoutError(f"{exc}\n{story}\npods now: {self.release.describe_pods()}") from None
 
 
 # -- an https input server under a test CA -------------------------------------------------------

@@ -195,9 +195,9 @@ def test_jobs_scale_up_from_zero_and_land_on_their_class(release: Release, tmp_p
     # The files, where the spec said, written by the pods, read from the volume's directory.
     for name, obj in done.items():
         output = obj["status"]["output"]
-        base = release.data / "videos" / name
-        video, poster, result = (base.with_suffix(s) for s in (".mp4", ".png", ".json"))
-        assert video.is_file() and video.stat().st_size == output["bytes"] > 0, (name, output, sorted(base.parent.iterdir()))
+        folder = release.data / "videos" / name  # the output uri is a folder; files are named after the job
+        video, poster, result = (folder / f"{name}{suffix}" for suffix in (".mp4", ".png", ".json"))
+        assert video.is_file() and video.stat().st_size == output["bytes"] > 0, (name, output, sorted(folder.rglob("*")))
         assert poster.is_file() and poster.stat().st_size > 0, name
         record = json.loads(result.read_text())
         assert record["framesDigest"] == output["framesDigest"], name

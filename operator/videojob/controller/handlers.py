@@ -8,6 +8,8 @@ finish) and ends when the job does; the deletion handler is the finalizer
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from typing import Any
 
 import kopf
@@ -96,11 +98,18 @@ def build_registry(settings: OperatorSettings, controller: Controller | None = N
     return registry, controller
 
 
+def identity() -> str:
+    """kopf's peering identity, given so kopf never asks the password database: its
+    default (``getpass.getuser()``) raises KeyError for a uid that /etc/passwd lacks,
+    such as OpenShift's arbitrary UIDs or a runAsUser the image does not list."""
+    return f"videojob-operator@{socket.gethostname()}/{os.getpid()}"
+
+
 def run(settings: OperatorSettings, namespaces: list[str], standalone: bool = True) -> None:
     settings = settings.model_copy(update={"namespaces": list(namespaces)})  # what the rebuild and the sweeper list
     registry, controller = build_registry(settings)
     try:
         kopf.run(registry=registry, standalone=standalone, namespaces=namespaces, clusterwide=not namespaces,
-                 memo=kopf.Memo(controller=controller))
+                 memo=kopf.Memo(controller=controller), identity=identity())
     finally:
         controller.stop()
