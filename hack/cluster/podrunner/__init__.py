@@ -68,6 +68,7 @@ What it cannot emulate (not checked by tests that use it)
 - NetworkPolicy is not enforced (every pod reaches every pod).
 - kubectl logs/exec/port-forward through the apiserver (read the log files instead;
   runner.json lists them and each container's host pid: `nsenter -t PID -a`).
+- hostNetwork pods get neither the Service names nor the apiserver ClusterIP.
 - grpc probes, hostPort, hostPID/hostIPC, image pull policies and pull secrets,
   in-place resize, sidecar (restartable init) containers, device plugins (GPUs are
   node capacity only), pod spec updates after start (image changes).

@@ -36,7 +36,7 @@ def prepare(runner: "Runner", sandbox: "Sandbox", pod: dict, container: dict, cs
         kenv = build_env(view, container, runner.services(), runner.get_object,
                          runner.allocatable(pod["spec"].get("nodeName", "")))
         uid, gid, groups = containers.identity(pod, container, image)
-        hostname, _ = pod_hostname(pod)
+        hostname = pod_hostname(pod)[0] if not pod["spec"].get("hostNetwork") else pod["spec"].get("nodeName", "")
         env = final_env(hostname, image.env, kenv)
         argv = command_line(container, image, kenv)
         cwd = container.get("workingDir") or image.working_dir

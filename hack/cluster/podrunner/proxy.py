@@ -99,8 +99,6 @@ class ApiProxy:
 
     def _loop(self) -> None:
         while not self._stop:
-            with self._lock:
-                pass
             for key, _ in self._sel.select(timeout=1.0):
                 if key.data is None:
                     try:
