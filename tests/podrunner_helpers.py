@@ -12,7 +12,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -246,12 +245,3 @@ def alive(pid: int | None) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
-
-
-def wait_gone(what: str, check, timeout: float = 30.0) -> None:
-    wait_for(what, lambda: not check(), timeout=timeout)
-
-
-def until(deadline_s: float):
-    end = time.monotonic() + deadline_s
-    return lambda: time.monotonic() < end

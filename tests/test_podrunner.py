@@ -479,7 +479,7 @@ def test_service_names(runner, namespace):
     assert f"GOT http://web:8080/ w1" in out and f"GOT http://web.{ns}.svc.cluster.local:8080/ w1" in out
     assert f"GOT http://w1.web-h.{ns}.svc.cluster.local:8080/ w1" in out, "a headless Service names its endpoints"
     seconds = float(out.split("UNKNOWN-FAILS-IN ")[1].split()[0])
-    assert seconds < 1.0, f"an unknown name took {seconds}s to fail (DNS timeouts?)"
+    assert seconds < 3.0, f"an unknown name took {seconds}s to fail (a DNS timeout is 5 s)"
 
     # the hosts file of a running pod follows a new endpoint
     api.create(ns, _web("web-2", runner.node))
