@@ -49,6 +49,7 @@ class Release:
     token: str
     helm_home: Path
     extra_args: list[str] = field(default_factory=list)
+    inputs: "HttpsInputs | None" = None
 
     # -- helm and kubectl --------------------------------------------------------------------
     def helm(self, *args: str, check: bool = True, timeout: float = HELM_TIMEOUT_S) -> subprocess.CompletedProcess:
@@ -180,6 +181,7 @@ class JobWatch:
     def __init__(self, release: Release, names: list[str], interval: float = 0.5):
         self.release, self.names, self.interval = release, names, interval
         self.seen: dict[str, list[tuple]] = {n: [] for n in names}
+        self.times: dict[str, list[float]] = {n: [] for n in names}  # when each entry of seen was first seen
         self.last: dict[str, dict] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -206,6 +208,7 @@ class JobWatch:
                                     for c in status.get("conditions") or [])))
                 if not self.seen[name] or self.seen[name][-1] != key:
                     self.seen[name].append(key)
+                    self.times[name].append(time.monotonic())
             self._stop.wait(self.interval)
 
     def texts(self, name: str) -> list[str]:
@@ -215,6 +218,19 @@ class JobWatch:
             out.append(f"{phase}: {message}")
             out.extend(f"  {t}={s} {r}: {m}" for t, s, r, m in conditions)
         return out
+
+    def span(self, name: str, text: str) -> float | None:
+        """Seconds from the first status that showed ``text`` (message or a condition's) to the
+        first one after that no longer did; None if it never showed."""
+        start = None
+        entries = list(zip(self.seen[name], self.times[name]))
+        for (phase, message, conditions), at in entries:
+            shown = text in (message or "") or any(text in (m or "") for *_, m in conditions)
+            if shown and start is None:
+                start = at
+            elif not shown and start is not None:
+                return at - start
+        return None if start is None else time.monotonic() - start
 
     def wait_finished(self, timeout: float) -> dict[str, dict]:
         def finished():

@@ -296,8 +296,22 @@ def test_kuberay_cpu_values_for_the_end_to_end_test(chart, tmp_path):
     assert one(docs, "PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteMany"]
     env = env_of(operator_container(docs))
     assert (env["VIDEOJOB_CPUS_PER_RANK"], env["VIDEOJOB_WARM_GROUP_TTL_S"], env["VIDEOJOB_PLACEMENT_TIMEOUT_S"],
-            env["VIDEOJOB_POLL_INTERVAL_S"]) == ("1", "5", "20", "0.5")
+            env["VIDEOJOB_POLL_INTERVAL_S"]) == ("1", "5", "5", "0.5")
     assert values["image"] == VALUES["image"], "the pod runner maps the chart's default images"
+
+
+@pytest.mark.parametrize("ci", KUBERAY_CI)
+def test_a_driver_may_wait_for_its_slot_as_long_as_a_placement(chart, ci):
+    """Ray's job manager fails a job whose JobSupervisor waits more than
+    RAY_JOB_START_TIMEOUT_SECONDS (15 min by default) for its entrypoint resources; a
+    driver waiting for a vj-driver slot must not be failed before a placement would be."""
+    docs = chart.render(ci)
+    wait = int(ci_values(ci)["operator"]["settings"]["placementMaxWaitS"])
+    for where, container in ray_containers(one(docs, "RayCluster")):
+        assert env_of(container)["RAY_JOB_START_TIMEOUT_SECONDS"] == str(wait), where
+    docs = chart.render(ci, {"operator": {"settings": {"placementMaxWaitS": 7200}}})
+    head = one(docs, "RayCluster")["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert env_of(head)["RAY_JOB_START_TIMEOUT_SECONDS"] == "7200"
 
 
 @pytest.mark.parametrize("ci", [None, "embedded.yaml", "address.yaml"])

@@ -35,6 +35,11 @@ class RunSettings(BaseSettings):
     cpus_per_rank: Optional[float] = Field(
         default=None, gt=0, description="CPUs each CPU rank's bundle asks for (default: the machine's CPUs / ranks, at most 1).")
     placement_timeout_s: float = Field(default=300.0, gt=0, description="Seconds to wait for the group's placement.")
+    group_start_timeout_s: float = Field(
+        default=600.0, gt=0,
+        description="Seconds a placed group's rank actors may take to start (a fresh worker imports torch, "
+                    "diffusers and xfuser) and then to meet for torch.distributed; apart from the placement "
+                    "timeout, which is about finding room.")
     job_timeout_s: float = Field(default=3600.0, gt=0, description="Seconds a job may run before it is cancelled.")
     # https inputs (spec.image, spec.faceImage): the driver fetches each once per
     # job, before the ranks start, into a directory removed when the job ends.

@@ -122,6 +122,8 @@ def find_group(request: DriverRequest, on_wait=None):
     """(group, reused): the running group of this name when it is whole and
     healthy, else a new one (what was left of the old one removed first);
     ``on_wait`` gets the placement's waiting records (``placement.wait_placed``)."""
+    from videojob.settings import RunSettings
+
     from .group import ActorGroup, GroupSpec, GroupStartError
 
     g = request.group
@@ -143,7 +145,7 @@ def find_group(request: DriverRequest, on_wait=None):
     log.info("group=%s reused=false world=%d starting", spec.name, spec.world_size)
     group = ActorGroup.start(spec, timeout_s=request.placement_timeout_s, cpus_per_rank=g.cpus_per_rank,
                              node_type=g.node_type, max_wait_s=request.placement_max_wait_s,
-                             on_wait=on_wait)
+                             on_wait=on_wait, start_timeout_s=RunSettings().group_start_timeout_s)
     return group, False
 
 

@@ -147,12 +147,16 @@ class ActorGroup:
     @classmethod
     def start(cls, spec: GroupSpec, timeout_s: float = 300.0, cpus_per_rank: float | None = None,
               node_type: str | None = None, max_wait_s: float | None = None,
-              on_wait: Callable[[dict[str, Any]], None] | None = None) -> "ActorGroup":
-        """Placement group, actors, rendezvous; each bounded by ``timeout_s``.
-        The placement waits longer while the autoscaler launches a node of
-        ``node_type`` (``placement.wait_placed``: up to ``max_wait_s`` in all;
+              on_wait: Callable[[dict[str, Any]], None] | None = None,
+              start_timeout_s: float | None = None) -> "ActorGroup":
+        """Placement group (bounded by ``timeout_s``), then actors and rendezvous
+        (each bounded by ``start_timeout_s``, default ``timeout_s``: a short
+        placement timeout must not cut short the imports of ranks on a fresh
+        worker). The placement waits longer while the autoscaler launches a node
+        of ``node_type`` (``placement.wait_placed``: up to ``max_wait_s`` in all;
         ``on_wait`` gets its waiting records). Raises ``GroupStartError`` and
         leaves nothing behind when any step fails."""
+        start_s = timeout_s if start_timeout_s is None else start_timeout_s
         world = spec.world_size
         if spec.device == "cpu":
             if cpus_per_rank is None:
@@ -191,11 +195,11 @@ class ActorGroup:
                     **actor_resources,
                 ).remote(rank, world, spec.ulysses, spec.ring, spec.cfg, spec.device,
                          rank in spec.inject_start_fault))
-            group._wait_all("actors", "ActorStartFailed", [a.ready.remote() for a in group.actors], timeout_s)
-            addr, port = ray.get(group.actors[0].rendezvous_address.remote(), timeout=timeout_s)
+            group._wait_all("actors", "ActorStartFailed", [a.ready.remote() for a in group.actors], start_s)
+            addr, port = ray.get(group.actors[0].rendezvous_address.remote(), timeout=start_s)
             group._wait_all("rendezvous", "RendezvousFailed",
-                            [a.init_distributed.remote(addr, port, timeout_s, rank in spec.inject_rendezvous_fault)
-                             for rank, a in enumerate(group.actors)], timeout_s)
+                            [a.init_distributed.remote(addr, port, start_s, rank in spec.inject_rendezvous_fault)
+                             for rank, a in enumerate(group.actors)], start_s)
         except BaseException as exc:
             group.teardown()
             if isinstance(exc, GroupStartError):

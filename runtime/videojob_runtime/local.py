@@ -171,7 +171,8 @@ def run_local(job: VideoJob, out_dir: Path | None = None, on_progress: Callable[
                 spec = GroupSpec(name=group_name(str(uuid.uuid4())), ulysses=layout["ulysses"],
                                  ring=layout["ring"], cfg=layout["cfg"], device=device)
                 group = ActorGroup.start(spec, timeout_s=settings.placement_timeout_s,
-                                         cpus_per_rank=settings.cpus_per_rank)
+                                         cpus_per_rank=settings.cpus_per_rank,
+                                         start_timeout_s=settings.group_start_timeout_s)
                 try:
                     wall["group"] = time.perf_counter() - started - wall["inputs"] - wall["ray"]
                     stage = "run"

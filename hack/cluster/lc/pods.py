@@ -12,8 +12,7 @@ Images map to the venv (IMAGES below, written to <cluster dir>/images.yaml):
 the runtime and operator images of the Dockerfile, with the environment,
 user, entrypoint and command the Dockerfile gives them
 (tests/test_dockerfile.py checks the two agree). The runner needs root
-(network and mount namespaces) and the venv's Python (it uses the
-`kubernetes` client).
+(network and mount namespaces) and the venv's Python (with pyyaml).
 """
 from __future__ import annotations
 
@@ -64,9 +63,9 @@ def images(venv_dir: Path) -> dict:
     common = {"user": "65532:65532", "entrypoint": ["videojob"], "cmd": ["--help"],
               "workingDir": "/home/videojob"}
     return {"images": [
-        {"match": "videojob/runtime", **common, "env": {**env, "DEBIAN_FRONTEND": "noninteractive"},
+        {"match": "*videojob/runtime", **common, "env": {**env, "DEBIAN_FRONTEND": "noninteractive"},
          "etcProfile": UBUNTU_PROFILE},
-        {"match": "videojob/operator", **common, "env": env},
+        {"match": "*videojob/operator", **common, "env": env},
     ]}
 
 
@@ -103,7 +102,7 @@ class PodRunner(Process):
         if os.geteuid() != 0:
             raise ClusterError("--pod-runner needs root: the pod runner makes network and mount "
                                "namespaces for its pods")
-        missing = [t for t in ("ip", "unshare", "nsenter", "mount", "wget") if not shutil.which(t)]
+        missing = [t for t in ("ip", "nsenter", "setpriv", "wget") if not shutil.which(t)]
         if missing:
             raise ClusterError(f"--pod-runner needs {', '.join(missing)} on PATH (iproute2, util-linux, "
                                "wget: KubeRay's probes call wget)")
@@ -117,10 +116,10 @@ class PodRunner(Process):
         if not os.access(python, os.X_OK):
             raise ClusterError(f"--pod-runner runs its pods from the venv {venv_dir}, which has no "
                                "bin/python: run `make venv` first (or set VIDEOJOB_POD_RUNNER_VENV)")
-        check = subprocess.run([str(python), "-c", "import kubernetes, yaml"], capture_output=True, text=True)
+        check = subprocess.run([str(python), "-c", "import yaml"], capture_output=True, text=True)
         if check.returncode != 0:
-            raise ClusterError(f"{python} cannot import kubernetes and yaml, which the pod runner "
-                               f"needs: {check.stderr.strip()[-500:]}")
+            raise ClusterError(f"{python} cannot import yaml, which the pod runner needs: "
+                               f"{check.stderr.strip()[-500:]}")
         return {"python": str(python), "venv": str(venv_dir), "nodes": str(Path(args.runner_nodes).resolve())}
 
     def record(self, run: Run) -> None:
