@@ -91,6 +91,11 @@ def release(e2e_cluster, tmp_path_factory):
     try:
         yield rel
     finally:
+        # After a failed test: VideoJobs whose operator is gone keep their finalizer and
+        # would hold the namespace for ever; the test's own clean-up drops them.
+        for item in cluster.get_json("videojobs", "-n", namespace).get("items", []):
+            cluster.kubectl("patch", "videojob", item["metadata"]["name"], "-n", namespace, "--type=merge",
+                            "-p", '{"metadata":{"finalizers":[]}}', check=False)
         rel.helm("uninstall", RELEASE, "--namespace", namespace, "--ignore-not-found", "--wait", "--timeout=120s",
                  check=False)
         cluster.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true", "--timeout=120s",
@@ -233,11 +238,15 @@ def test_idle_workers_are_scaled_away(release: Release):
 # -- 4. uninstall -------------------------------------------------------------------------------------
 
 def test_uninstall_leaves_no_pod_and_no_process(release: Release):
-    """helm uninstall: the operator, the RayCluster and every pod go; the pod runner has
-    stopped every process it ran for them and freed their network namespaces."""
+    """Delete the VideoJobs (their finalizer needs the operator: the documented order),
+    then helm uninstall: the operator, the RayCluster and every pod go; the pod runner
+    has stopped every process it ran for them and freed their network namespaces."""
     before = [(r["name"], c["pid"], r.get("netns")) for r in release.runner_pods()
               for c in r.get("containers", []) if c.get("pid")]
     assert before, "nothing ran (the install test did not run?)"
+    release.kubectl("delete", "videojobs", "--all", "-n", release.namespace, "--wait=true", "--timeout=120s",
+                    timeout=150)
+    assert release.get("videojobs")["items"] == []
     release.uninstall()
     wait_gone("the release's pods", lambda: [p["metadata"]["name"] for p in release.get("pods")["items"]],
               timeout=180)

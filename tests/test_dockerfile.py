@@ -399,3 +399,45 @@ def test_runtime_extra_does_pull_in_torch_and_ray():
     found = installed_closure(PYPROJECT["project"]["optional-dependencies"]["runtime"])
     assert {"torch", "ray"} <= set(found)
 
+
+
+# --- the pod runner's stand-in for each image (hack/cluster/lc/pods.py) ---------------------------
+
+def _env_of(stage: Stage) -> dict[str, str]:
+    """The ENV a target ends with (key=value form; $VAR of an earlier key expanded)."""
+    env: dict[str, str] = {}
+    for ins in stage.all("ENV"):
+        for word in shlex.split(ins.args):
+            key, sep, value = word.partition("=")
+            assert sep, f"line {ins.line}: ENV {ins.args}: use the key=value form"
+            env[key] = re.sub(r"\$(\w+)|\$\{(\w+)\}", lambda m: env.get(m[1] or m[2], "$" + (m[1] or m[2])), value)
+    return env
+
+
+@pytest.mark.parametrize("target", ["operator", "runtime"])
+def test_the_pod_runners_image_map_is_the_dockerfile(target):
+    """The e2e cluster (tests/test_cluster_e2e.py) runs each image as this venv with the
+    ENV, USER, ENTRYPOINT, CMD and WORKDIR the Dockerfile gives it, the venv standing in
+    for /opt/venv: what the pods ran there is what the images would run."""
+    sys.path.insert(0, str(REPO / "hack" / "cluster"))
+    try:
+        from lc.pods import images
+    finally:
+        sys.path.remove(str(REPO / "hack" / "cluster"))
+    venv = Path("/somewhere/venv")
+    (entry,) = [e for e in images(venv)["images"] if e["match"].endswith(f"videojob/{target}")]
+    stage = BY_NAME[target]
+    assert entry["user"] == stage.all("USER")[-1].args
+    assert entry["entrypoint"] == yaml.safe_load(stage.all("ENTRYPOINT")[-1].args)
+    assert entry["cmd"] == yaml.safe_load(stage.all("CMD")[-1].args)
+    assert entry["workingDir"] == stage.all("WORKDIR")[-1].args
+    env = _env_of(stage)
+    image_venv = env.pop("VIRTUAL_ENV", None)
+    assert entry["env"].pop("VIRTUAL_ENV") == (str(venv) if image_venv or target == "operator" else None)
+    path = env.pop("PATH", None)
+    mapped = entry["env"].pop("PATH")
+    if path:  # the runtime image puts its venv first on PATH; the map puts this venv there
+        assert path.split(":")[0] == image_venv + "/bin" and mapped.split(":")[0] == f"{venv}/bin"
+    # build-time settings of uv and apt do not matter at run time
+    runtime_env = {k: v for k, v in env.items() if not k.startswith("UV_")}
+    assert entry["env"] == runtime_env, f"{target}: the image map's env differs from the Dockerfile's ENV"

@@ -56,16 +56,20 @@ def venv() -> Path:
 
 
 def images(venv_dir: Path) -> dict:
-    """The image map: each Dockerfile target as this venv (ENV, USER, ENTRYPOINT, CMD, WORKDIR)."""
+    """The image map: each Dockerfile target as this venv, with the ENV, USER, ENTRYPOINT,
+    CMD and WORKDIR the Dockerfile gives it (the venv standing in for the image's Python:
+    /opt/venv in the runtime image, /usr/local in the operator image)."""
     path = f"{venv_dir}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    env = {"PATH": path, "VIRTUAL_ENV": str(venv_dir), "PYTHONUNBUFFERED": "1",
-           "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/home/videojob"}
+    stand_in = {"PATH": path, "VIRTUAL_ENV": str(venv_dir)}
+    final = {"HOME": "/home/videojob", "PYTHONDONTWRITEBYTECODE": "1"}  # the ENV after the installs
     common = {"user": "65532:65532", "entrypoint": ["videojob"], "cmd": ["--help"],
               "workingDir": "/home/videojob"}
     return {"images": [
-        {"match": "*videojob/runtime", **common, "env": {**env, "DEBIAN_FRONTEND": "noninteractive"},
+        {"match": "*videojob/runtime", **common,
+         "env": {**stand_in, "PYTHONUNBUFFERED": "1", "DEBIAN_FRONTEND": "noninteractive", **final},
          "etcProfile": UBUNTU_PROFILE},
-        {"match": "*videojob/operator", **common, "env": env},
+        {"match": "*videojob/operator", **common,
+         "env": {**stand_in, "PYTHONUNBUFFERED": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", **final}},
     ]}
 
 
