@@ -3,7 +3,7 @@
 full_cluster: kube-apiserver, kube-controller-manager, kube-scheduler, KWOK
 fake nodes from hack/cluster/fake-nodes.yaml, the KubeRay operator).
 
-The kuberay tests install exactly the README's GPU example,
+The GPU example's tests install exactly the README's GPU example,
 charts/videojob/ci/kuberay-gpu.yaml, with only what this cluster needs:
 - `--set watch.namespaces={...}`: namespaces the test made (the file's own
   must exist before an install);
@@ -16,52 +16,40 @@ charts/videojob/ci/kuberay-gpu.yaml, with only what this cluster needs:
   README's install creates it.
 KWOK never pulls images or runs containers: pods are bound by kube-scheduler
 and marked Running, so these tests check Kubernetes objects, scheduling and
-RBAC, and run by hand what must survive a shell: the `ray start` command line
-KubeRay wrote into its pods goes through real bash with a stub `ray`. The
-loopback cluster has no CNI, so nothing enforces NetworkPolicy here: the chart's
-is checked as an object the API server accepted, selecting the pods KubeRay
-made. One test walks the documented CRD upgrade path (helm never upgrades
-crds/). The last test runs the real operator (a process of the test, under the
+RBAC: the fake nodes against the example (no cluster), the install scheduling
+workers by class, values the schema refuses, and upgrade and uninstall. The
+last test runs the real operator (a process of the test, under the
 ServiceAccount token and Role the chart made, with the chart's inventory and
 environment) and a tiny job to Succeeded, with the chart's embedded mode.
+
+Elsewhere: the pods KubeRay makes from the GPU example (`ray start` through
+bash, tokens, probes, NetworkPolicy) in tests/test_chart_install_kuberay.py;
+the CRD upgrade path in tests/test_chart_install_crd.py; the fixtures and
+helpers the three share in tests/chart_install_support.py.
 """
 from __future__ import annotations
 
-import ast
-import copy
-import inspect
 import json
-import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers import REPO, env_of, helm_binary, inventory_source, running_ready, wait_for
+from chart_install_support import (CHART, DRIVERS, EMBEDDED_VALUES, GPU_CLASSES, INSTANCE, RELEASE,
+                                   gpu_args, gpu_limit, installed, of_kind, pods, ray_token, rendered, scale,
+                                   unschedulable, wait_established, wait_pods, worker_selector)
+from chart_install_support import helm, service_monitor_crd, volumes  # noqa: F401 - fixtures
+from helpers import REPO, env_of, inventory_source, wait_for
 from videojob.api.spec import parse_bytes
 from videojob.crd import CRD_NAME
 from videojob.inventory import load_inventory
 
-CHART = REPO / "charts" / "videojob"
-GPU_VALUES = CHART / "ci" / "kuberay-gpu.yaml"
-CRD_FILE = next((CHART / "crds").glob("*.yaml"))
-TOKEN_SECRET = yaml.safe_load(GPU_VALUES.read_text())["ray"]["auth"]["existingSecret"]
-DRIVERS = "drivers"  # the drivers' worker group (raycluster.yaml)
-SA_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-EMBEDDED_VALUES = CHART / "ci" / "embedded.yaml"
-GPU_CLASSES = {c["name"]: c for c in yaml.safe_load(GPU_VALUES.read_text())["gpuClasses"]}
+
 FAKE_NODES = [n for n in yaml.safe_load_all((REPO / "hack" / "cluster" / "fake-nodes.yaml").read_text()) if n]
 CPU_NODES = {n["metadata"]["name"] for n in FAKE_NODES if "nvidia.com/gpu" not in n["status"]["capacity"]}
-RELEASE = "videojob"  # the README's release name: objects are `videojob`, `videojob-ray`, ...
-INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
-HELM_TIMEOUT_S = 120
-SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 
 
 def class_nodes(klass: dict) -> set[str]:
@@ -93,156 +81,7 @@ def test_fake_nodes_are_the_readme_gpu_example():
     assert not seen & CPU_NODES
 
 
-# --- fixtures and helpers ----------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def helm(full_cluster, tmp_path_factory):
-    """helm against the full cluster: helm(*args, check=True) -> CompletedProcess."""
-    binary = helm_binary()
-    home = tmp_path_factory.mktemp("helm-home")  # helm's config, cache and data stay here
-    env = {**os.environ, "KUBECONFIG": str(full_cluster.kubeconfig), "HELM_CONFIG_HOME": str(home / "config"),
-           "HELM_CACHE_HOME": str(home / "cache"), "HELM_DATA_HOME": str(home / "data")}
-
-    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run([binary, *args], capture_output=True, text=True, env=env, cwd=REPO,
-                                timeout=HELM_TIMEOUT_S)
-        if check and result.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} exited {result.returncode}:\n{result.stdout}{result.stderr}")
-        return result
-
-    return run
-
-
-@pytest.fixture(scope="module")
-def service_monitor_crd(full_cluster):
-    """The ServiceMonitor kind (monitoring.coreos.com/v1), as the Prometheus Operator would
-    serve it: an open-schema stand-in, only while this module runs and only if missing."""
-    if full_cluster.kubectl("get", "crd", SERVICE_MONITOR_CRD, check=False).returncode == 0:
-        yield
-        return
-    names = {"kind": "ServiceMonitor", "listKind": "ServiceMonitorList", "plural": "servicemonitors",
-             "singular": "servicemonitor"}
-    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-           "metadata": {"name": SERVICE_MONITOR_CRD, "labels": {"app.kubernetes.io/part-of": "videojob-tests"}},
-           "spec": {"group": "monitoring.coreos.com", "names": names, "scope": "Namespaced",
-                    "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-                        "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
-    full_cluster.kubectl("create", "-f", "-", input=json.dumps(crd))
-    try:
-        wait_established(full_cluster, SERVICE_MONITOR_CRD)
-        yield
-    finally:
-        full_cluster.kubectl("delete", "crd", SERVICE_MONITOR_CRD, "--wait=true", "--timeout=60s", timeout=90)
-
-
-@pytest.fixture
-def volumes(full_cluster):
-    """volumes(claim_doc): a PersistentVolume pre-bound to the rendered claim, with its size
-    and access modes (never mounted: no kubelet). All are deleted afterwards, waiting; ask
-    for this fixture before full_namespaces, so the claims' namespaces go first."""
-    made: list[str] = []
-
-    def make(claim: dict) -> str:
-        meta = claim["metadata"]
-        name = f"{meta['namespace']}-{meta['name']}"
-        full_cluster.kubectl("create", "-f", "-", input=json.dumps({
-            "apiVersion": "v1", "kind": "PersistentVolume",
-            "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "videojob-tests"}},
-            "spec": {"capacity": {"storage": claim["spec"]["resources"]["requests"]["storage"]},
-                     "accessModes": claim["spec"]["accessModes"], "persistentVolumeReclaimPolicy": "Retain",
-                     "hostPath": {"path": f"/nonexistent/{name}"},
-                     "claimRef": {"namespace": meta["namespace"], "name": meta["name"]}}}))
-        made.append(name)
-        return name
-
-    yield make
-    if made:
-        full_cluster.kubectl("delete", "pv", *made, "--ignore-not-found", "--wait=true", "--timeout=60s", timeout=90)
-
-
-def wait_established(cluster, crd: str) -> None:
-    def established():
-        conditions = cluster.get_json("crd", crd).get("status", {}).get("conditions", [])
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    wait_for(f"the CRD {crd} to be Established", established, timeout=60, interval=0.5)
-
-
-def gpu_args(*namespaces: str) -> list[str]:
-    """The README's install of the GPU example, watching the test's namespaces."""
-    return ["-f", str(GPU_VALUES), "--set", f"watch.namespaces={{{','.join(namespaces)}}}"]
-
-
-def rendered(helm, namespace: str, args: list[str]) -> list[dict]:
-    out = helm("template", RELEASE, str(CHART), "--namespace", namespace, *args).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
-
-
-def of_kind(docs: list[dict], kind: str) -> list[dict]:
-    return [d for d in docs if d["kind"] == kind]
-
-
-def ray_token(cluster, namespace: str) -> None:
-    """The Secret with Ray's token that ci/kuberay-gpu.yaml names, as the README makes it."""
-    cluster.kubectl("create", "secret", "generic", TOKEN_SECRET, "-n", namespace,
-                    f"--from-literal=token={os.urandom(16).hex()}")
-
-
-@contextmanager
-def installed(helm, namespace: str, args: list[str], chart: Path = CHART):
-    """`helm install` for real; `helm uninstall` afterwards however the test went (a
-    no-op when the test uninstalled it)."""
-    helm("install", RELEASE, str(chart), "--namespace", namespace, *args)
-    try:
-        yield
-    finally:
-        helm("uninstall", RELEASE, "--namespace", namespace, "--ignore-not-found", "--wait", "--timeout=60s")
-
-
-def pods(cluster, namespace: str, selector: str) -> list[dict]:
-    return cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
-
-
-def unschedulable(pod: dict) -> str | None:
-    """kube-scheduler's message when it found no node for the pod, else None."""
-    for c in pod.get("status", {}).get("conditions", []):
-        if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable":
-            return c.get("message", "")
-    return None
-
-
-def wait_pods(cluster, namespace: str, selector: str, running: int, stuck: int = 0,
-              timeout: float = 60) -> tuple[list[dict], list[dict]]:
-    """Wait until the pods of ``selector`` are exactly ``running`` Running/Ready and ``stuck``
-    Unschedulable ones; returns (running pods, unschedulable pods)."""
-    def settled():
-        ps = pods(cluster, namespace, selector)
-        up = [p for p in ps if running_ready(p)]
-        down = [p for p in ps if unschedulable(p) is not None]
-        return (up, down) if (len(ps), len(up), len(down)) == (running + stuck, running, stuck) else None
-
-    return wait_for(f"{running} Running and {stuck} Unschedulable pod(s) `{selector}` in {namespace}",
-                    settled, timeout=timeout, interval=0.5)
-
-
-def gpu_limit(pod: dict) -> int:
-    return sum(int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
-               for c in pod["spec"]["containers"])
-
-
-def scale(cluster, namespace: str, raycluster: str, replicas: dict[str, int]) -> None:
-    """Set worker groups' replicas, as Ray's autoscaler does (KubeRay's in-tree autoscaler
-    patches the RayCluster)."""
-    spec = cluster.get_json("raycluster", raycluster, "-n", namespace)["spec"]
-    groups = [g["groupName"] for g in spec["workerGroupSpecs"]]
-    ops = [{"op": "add", "path": f"/spec/workerGroupSpecs/{groups.index(g)}/replicas", "value": n}
-           for g, n in replicas.items()]
-    cluster.kubectl("patch", "raycluster", raycluster, "-n", namespace, "--type=json", "-p", json.dumps(ops))
-
-
-def worker_selector(raycluster: str, group: str) -> str:
-    return f"ray.io/cluster={raycluster},ray.io/group={group}"
-
+# --- helpers ---------------------------------------------------------------------------------------
 
 def release_objects(cluster, kinds: set[str], namespaces: list[str]) -> set[tuple[str, str, str]]:
     """(kind, namespace, name) of every object of ``kinds`` labelled with the release."""
@@ -329,211 +168,6 @@ def test_install_gpu_example_schedules_by_class(full_cluster, helm, service_moni
         check_class(h100, up)
         assert {w["spec"]["nodeName"] for w in up} == class_nodes(GPU_CLASSES[h100])
         assert "Insufficient nvidia.com/gpu" in unschedulable(stuck) and not stuck["spec"].get("nodeName")
-
-
-# --- a2. the pods KubeRay made from the chart: `ray start`, tokens, probes, NetworkPolicy -------
-
-def ray_start_argv(pod: dict, work: Path) -> list[str]:
-    """What `ray` gets when the pod's Ray container starts: its command and args, exactly
-    as KubeRay wrote them (`/bin/bash -c -- "ulimit ...; ray start --flag=value ..."`),
-    run by real bash with `ray` a stub on PATH that prints its argv as JSON."""
-    (container,) = [c for c in pod["spec"]["containers"] if c["name"] in ("ray-head", "ray-worker")]
-    argv = [*container.get("command", []), *container.get("args", [])]
-    assert argv and argv[0].endswith("bash"), f"not a bash command line: {argv}"
-    work.mkdir(parents=True, exist_ok=True)
-    bin_dir, home = work / "bin", work / "home"
-    bin_dir.mkdir(exist_ok=True)
-    home.mkdir(exist_ok=True)
-    stub = bin_dir / "ray"
-    stub.write_text(f"#!{sys.executable}\nimport json, sys\nprint('RAY-ARGV', json.dumps(sys.argv[1:]))\n")
-    stub.chmod(0o755)
-    # KubeRay runs a login shell when ENABLE_LOGIN_SHELL is set; Debian's /etc/profile then
-    # resets PATH, so the profile in HOME puts the stub first again.
-    (home / ".bash_profile").write_text(f'PATH="{bin_dir}:$PATH"\n')
-    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
-    env.update(PATH=f"{bin_dir}:/usr/bin:/bin", HOME=str(home))
-    result = subprocess.run(argv, env=env, cwd=work, capture_output=True, text=True, timeout=30)
-    lines = [line.split(" ", 1)[1] for line in result.stdout.splitlines() if line.startswith("RAY-ARGV ")]
-    assert result.returncode == 0 and len(lines) == 1, (argv, result.stdout, result.stderr)
-    return json.loads(lines[0])
-
-
-def start_flags(argv: list[str]) -> dict[str, str | bool]:
-    """`ray start --a=b --c` -> {"a": "b", "c": True}."""
-    assert argv[0] == "start", argv
-    flags: dict[str, str | bool] = {}
-    for arg in argv[1:]:
-        assert arg.startswith("--"), f"{arg!r} in {argv}: a value bash split off its flag"
-        key, sep, value = arg[2:].partition("=")
-        flags[key] = value if sep else True
-    return flags
-
-
-def ray_public_paths() -> tuple[set[str], set[str]]:
-    """Paths Ray 2.60's token auth leaves open: the dashboard agent's (http_server_agent
-    PUBLIC_EXACT_PATHS) and the dashboard head's (the public_exact_paths set literal in
-    http_server_head.py)."""
-    from ray.dashboard import http_server_agent, http_server_head
-
-    head: set[str] = set()
-    for node in ast.walk(ast.parse(inspect.getsource(http_server_head))):
-        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Set)
-                and any(getattr(t, "id", None) == "public_exact_paths" for t in node.targets)):
-            head = {ast.literal_eval(e) for e in node.value.elts}
-    assert head, "http_server_head.py no longer has public_exact_paths"
-    return set(http_server_agent.PUBLIC_EXACT_PATHS), head
-
-
-def token_mounts(pod: dict) -> dict[str, list[str]]:
-    """Container name -> the volumes it mounts at the ServiceAccount token path."""
-    return {c["name"]: [m["name"] for m in c.get("volumeMounts", []) if m["mountPath"].startswith(SA_TOKEN_DIR)]
-            for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", [])}
-
-
-def projects_a_token(pod: dict, volume: str) -> bool:
-    (spec,) = [v for v in pod["spec"]["volumes"] if v["name"] == volume]
-    return any("serviceAccountToken" in s for s in spec.get("projected", {}).get("sources", []))
-
-
-def test_kuberay_pods_start_ray_with_class_resources_and_no_needless_tokens(
-        full_cluster, helm, service_monitor_crd, volumes, full_namespaces, tmp_path):
-    """The README's GPU example installed; the pods KubeRay (the real operator, v1.5) made
-    from it:
-    - `ray start`, run through bash as the pod would: each class's worker advertises
-      --resources '{"vj-class-<name>": gpusPerPod}' (valid JSON after bash: KubeRay
-      single-quotes the group's `resources` field) and its GPUs, the drivers' pod
-      {"vj-driver": slotsPerPod} with no CPUs, the head no CPUs. (Rendered as JSON in
-      rayStartParams, as before the fix, bash stripped the quotes and `ray start` got
-      {vj-class-h100-80:8}.)
-    - ServiceAccount tokens: the head pod runs as KubeRay's ServiceAccount for the
-      cluster, which may patch the RayCluster and its pods, and only its autoscaler
-      container mounts a token; no Ray container and no worker pod has one; the
-      operator pod has its own.
-    - KubeRay's probes call only paths Ray's token auth leaves public.
-    - The NetworkPolicy the API server accepted selects every Ray pod and not the
-      operator, and lets the operator pod in on the head Service's dashboard port
-      (not enforced here: no CNI)."""
-    system, jobs = full_namespaces(), full_namespaces()
-    args = gpu_args(jobs)
-    docs = rendered(helm, system, args)
-    (claim,) = of_kind(docs, "PersistentVolumeClaim")
-    volumes(claim)
-    ray_token(full_cluster, system)
-    rc = of_kind(docs, "RayCluster")[0]["metadata"]["name"]
-    slots = [g for g in of_kind(docs, "RayCluster")[0]["spec"]["workerGroupSpecs"]
-             if g["groupName"] == DRIVERS][0]["resources"]["vj-driver"]
-    with installed(helm, system, args):
-        scale(full_cluster, system, rc, {name: 1 for name in GPU_CLASSES})
-        (head,), _ = wait_pods(full_cluster, system, f"ray.io/cluster={rc},ray.io/node-type=head", 1)
-        (drivers,), _ = wait_pods(full_cluster, system, worker_selector(rc, DRIVERS), 1)
-        workers = {name: wait_pods(full_cluster, system, worker_selector(rc, name), 1)[0][0] for name in GPU_CLASSES}
-        (operator,), _ = wait_pods(full_cluster, system, f"{INSTANCE},app.kubernetes.io/component=operator", 1)
-
-        # `ray start` as bash hands it over
-        for name, pod in workers.items():
-            flags = start_flags(ray_start_argv(pod, tmp_path / name))
-            klass = GPU_CLASSES[name]
-            assert json.loads(flags["resources"]) == {f"vj-class-{name}": klass["gpusPerPod"]}, (name, flags)
-            assert flags["num-gpus"] == str(klass["gpusPerPod"]), (name, flags)
-            assert int(flags["num-cpus"]) >= klass["gpusPerPod"], f"{name}: one CPU per rank ({flags})"
-            assert flags["address"].startswith(f"{rc}-head-svc."), flags
-        flags = start_flags(ray_start_argv(drivers, tmp_path / DRIVERS))
-        assert json.loads(flags["resources"]) == {"vj-driver": int(slots)} and flags["num-cpus"] == "0", flags
-        assert "num-gpus" not in flags
-        flags = start_flags(ray_start_argv(head, tmp_path / "head"))
-        assert flags["head"] is True and flags["num-cpus"] == "0" and "resources" not in flags, flags
-
-        # ServiceAccount tokens only where used
-        account = head["spec"]["serviceAccountName"]
-        assert account == rc, "KubeRay's ServiceAccount for the cluster (the autoscaler's Role is bound to it)"
-        assert head["spec"]["automountServiceAccountToken"] is False
-        mounts = token_mounts(head)
-        assert mounts["ray-head"] == [], "the Ray head container has a ServiceAccount token"
-        (autoscaler,) = [c for c in head["spec"]["containers"] if c["name"] == "autoscaler"]
-        (volume,) = mounts["autoscaler"]
-        assert projects_a_token(head, volume)
-        assert [n for n, v in mounts.items() if v] == ["autoscaler"]
-        for verb, what in (("patch", f"rayclusters.ray.io/{rc}"), ("patch", "pods"), ("list", "pods")):
-            can = full_cluster.kubectl("auth", "can-i", verb, what, "-n", system,
-                                       f"--as=system:serviceaccount:{system}:{account}", check=False)
-            assert can.stdout.strip() == "yes", f"the autoscaler's token may not {verb} {what}: {can.stdout}{can.stderr}"
-        for pod in [drivers, *workers.values()]:
-            assert pod["spec"]["automountServiceAccountToken"] is False
-            assert not any(token_mounts(pod).values()), (pod["metadata"]["name"], token_mounts(pod))
-            assert not any(projects_a_token(pod, v["name"]) for v in pod["spec"]["volumes"])
-        (operator_token,) = token_mounts(operator)["operator"]
-        assert projects_a_token(operator, operator_token), "the operator needs its token"
-
-        # KubeRay's probes with Ray's token auth on: only public paths
-        agent_public, head_public = ray_public_paths()
-        for pod, public in ((head, head_public | agent_public), (drivers, agent_public), *[(w, agent_public)
-                                                                                           for w in workers.values()]):
-            ray = pod["spec"]["containers"][0]
-            for probe in (ray["livenessProbe"], ray["readinessProbe"]):
-                command = " ".join(probe["exec"]["command"])
-                paths = set(re.findall(r"http://[^/\s]+(/[^\s'\"]*)", command))
-                assert paths and paths <= public, f"{pod['metadata']['name']}: {paths - public} need a token"
-        env = {e["name"]: e for e in head["spec"]["containers"][0]["env"]}
-        assert env["RAY_AUTH_MODE"]["value"] == "token"
-
-        # the NetworkPolicy, as the API server holds it
-        policy = full_cluster.get_json("networkpolicy", rc, "-n", system)
-        selector = policy["spec"]["podSelector"]["matchLabels"]
-        for pod in [head, drivers, *workers.values()]:
-            assert selector.items() <= pod["metadata"]["labels"].items(), pod["metadata"]["name"]
-        assert not selector.items() <= operator["metadata"]["labels"].items()
-        (from_operator,) = [r for r in policy["spec"]["ingress"] if r.get("ports")]
-        (peer,) = from_operator["from"]
-        assert peer["podSelector"]["matchLabels"].items() <= operator["metadata"]["labels"].items()
-        service = full_cluster.get_json("service", f"{rc}-head-svc", "-n", system)
-        dashboard = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "dashboard")
-        assert [p["port"] for p in from_operator["ports"]] == [dashboard]
-        (among,) = [r for r in policy["spec"]["ingress"] if not r.get("ports")]
-        assert among["from"] == [{"podSelector": {"matchLabels": selector}}]
-
-
-def test_kuberay_cpu_values_start_ray_as_the_end_to_end_test_needs(full_cluster, helm, volumes, full_namespaces,
-                                                                    tmp_path):
-    """ci/kuberay-cpu.yaml (the end-to-end test's install) on this cluster: KubeRay takes the
-    RayCluster, and the `ray start` lines of the pods it makes, through bash: each CPU
-    class's worker offers gpusPerPod CPUs and its class resource, the drivers' pod its
-    slots and no CPU, and every Ray node a small object store. (Its class pods select
-    videojob.io/e2e-pool nodes, which the end-to-end test brings; here they may stay
-    unscheduled: the command line is the pod's either way.)"""
-    cpu_values = CHART / "ci" / "kuberay-cpu.yaml"
-    values = yaml.safe_load(cpu_values.read_text())
-    system, jobs = full_namespaces(), full_namespaces()
-    args = ["-f", str(cpu_values), "--set", f"watch.namespaces={{{jobs}}}"]
-    docs = rendered(helm, system, args)
-    (claim,) = of_kind(docs, "PersistentVolumeClaim")
-    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
-    volumes(claim)
-    full_cluster.kubectl("create", "secret", "generic", values["ray"]["auth"]["existingSecret"], "-n", system,
-                         f"--from-literal=token={os.urandom(16).hex()}")
-    rc = of_kind(docs, "RayCluster")[0]["metadata"]["name"]
-    classes = {c["name"]: c for c in values["gpuClasses"]}
-    drivers = values["ray"]["kuberay"]["drivers"]
-    with installed(helm, system, args):
-        scale(full_cluster, system, rc, {name: 1 for name in classes})
-
-        def made(selector: str) -> dict | None:
-            found = pods(full_cluster, system, selector)
-            return found[0] if len(found) == 1 else None
-
-        head = wait_for("the head pod", lambda: made(f"ray.io/cluster={rc},ray.io/node-type=head"), timeout=60)
-        flags = start_flags(ray_start_argv(head, tmp_path / "head"))
-        assert flags["num-cpus"] == "0" and flags["object-store-memory"] == "100000000", flags
-        pod = wait_for("a drivers pod", lambda: made(worker_selector(rc, DRIVERS)), timeout=60)
-        flags = start_flags(ray_start_argv(pod, tmp_path / DRIVERS))
-        assert json.loads(flags["resources"]) == {"vj-driver": drivers["slotsPerPod"]}, flags
-        assert flags["num-cpus"] == "0" and flags["object-store-memory"] == "100000000", flags
-        for name, klass in classes.items():
-            pod = wait_for(f"a {name} pod", lambda: made(worker_selector(rc, name)), timeout=60)
-            assert gpu_limit(pod) == 0
-            flags = start_flags(ray_start_argv(pod, tmp_path / name))
-            assert json.loads(flags["resources"]) == {f"vj-class-{name}": klass["gpusPerPod"]}, flags
-            assert flags["num-cpus"] == str(klass["gpusPerPod"]) and "num-gpus" not in flags, flags
-            assert flags["object-store-memory"] == "100000000", flags
 
 
 # --- b. values the schema refuses ----------------------------------------------------------------
@@ -638,82 +272,6 @@ def test_upgrade_keeps_replicas_and_uninstall_keeps_only_the_documented(full_clu
     assert full_cluster.kubectl("get", "raycluster", rc, "-n", system, check=False).returncode != 0
     assert full_cluster.get_json("pvc", claim["metadata"]["name"], "-n", system)["status"]["phase"] == "Bound"
     full_cluster.get_json("crd", CRD_NAME)  # helm never deletes crds/
-
-
-# --- c2. the CRD upgrade path ------------------------------------------------------------------------
-
-def _job(name: str, **spec) -> str:
-    job = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
-    job["metadata"]["name"] = name
-    job["spec"].update(spec)
-    return json.dumps(job)
-
-
-def _spec_fields(cluster) -> set[str]:
-    (version,) = [v for v in cluster.get_json("crd", CRD_NAME)["spec"]["versions"] if v["storage"]]
-    return set(version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"])
-
-
-def test_crd_upgrade_path(full_cluster, helm, full_namespaces, tmp_path):
-    """Helm installs crds/ once and never upgrades them (README "Helm chart", NOTES.txt):
-    with a release whose CRD is older (the current one without the optional
-    spec.negativePrompt, written here), `helm upgrade` alone leaves the old schema (the
-    API server refuses the new field, or prunes it); `kubectl apply --server-side
-    --force-conflicts -f charts/videojob/crds/` and then `helm upgrade` serve the new
-    field, and the VideoJob made before is intact. The CRD is the cluster's: it ends as
-    the current one whatever happens."""
-    system, jobs = full_namespaces(), full_namespaces()
-    field, text = "negativePrompt", "blurry, low quality"
-    current = yaml.safe_load(CRD_FILE.read_text())
-    old = copy.deepcopy(current)
-    for version in old["spec"]["versions"]:
-        del version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][field]
-    old_chart = tmp_path / "videojob-old"
-    shutil.copytree(CHART, old_chart)
-    (old_chart / "crds" / CRD_FILE.name).write_text(yaml.safe_dump(old, sort_keys=False))
-    args = ["-f", str(EMBEDDED_VALUES), "--set", f"watch.namespaces={{{jobs}}}"]
-    documented = ["apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds") + "/"]
-    try:
-        if full_cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0:
-            # another release put the CRD here already (helm install would skip it): make it the
-            # older one, owned by helm as an older install would have left it
-            full_cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=helm",
-                                 "-f", str(old_chart / "crds" / CRD_FILE.name))
-        with installed(helm, system, args, chart=old_chart):
-            wait_established(full_cluster, CRD_NAME)
-            assert field not in _spec_fields(full_cluster)
-            full_cluster.kubectl("create", "-n", jobs, "-f", "-", input=_job("before"))
-            before = full_cluster.get_json("vj", "before", "-n", jobs)
-
-            notes = helm("upgrade", RELEASE, str(CHART), "--namespace", system, *args).stdout
-            assert field not in _spec_fields(full_cluster), "helm upgrade changed the CRD"
-            # NOTES.txt says what to run: the command this test runs below
-            assert "kubectl apply --server-side --force-conflicts -f charts/videojob/crds/" in notes, notes
-            refused = full_cluster.kubectl("apply", "-n", jobs, "-f", "-", input=_job("after", **{field: text}),
-                                           check=False)
-            assert refused.returncode != 0 and "unknown field" in refused.stderr and field in refused.stderr, (
-                refused.stdout + refused.stderr)
-            full_cluster.kubectl("apply", "--validate=false", "-n", jobs, "-f", "-",
-                                 input=_job("pruned", **{field: text}))
-            assert field not in full_cluster.get_json("vj", "pruned", "-n", jobs)["spec"], "not pruned"
-
-            # the documented path: the new CRD first, then helm upgrade
-            full_cluster.kubectl(*documented)
-            wait_established(full_cluster, CRD_NAME)
-            assert field in _spec_fields(full_cluster)
-            wait_for("the API server to serve the new schema", lambda: full_cluster.kubectl(
-                "apply", "--dry-run=server", "-n", jobs, "-f", "-", input=_job("after", **{field: text}),
-                check=False).returncode == 0, timeout=30, interval=0.5)
-            helm("upgrade", RELEASE, str(CHART), "--namespace", system, *args)
-            full_cluster.kubectl("apply", "-n", jobs, "-f", "-", input=_job("after", **{field: text}))
-            assert full_cluster.get_json("vj", "after", "-n", jobs)["spec"][field] == text
-            still = full_cluster.get_json("vj", "before", "-n", jobs)
-            assert still["metadata"]["uid"] == before["metadata"]["uid"]
-            assert still["spec"] == before["spec"]
-            live = full_cluster.get_json("crd", CRD_NAME)["spec"]["versions"]
-            assert [v["schema"] for v in live] == [v["schema"] for v in current["spec"]["versions"]]
-    finally:
-        full_cluster.kubectl(*documented, check=False)
 
 
 # --- d. the real operator under the chart's ServiceAccount ---------------------------------------
