@@ -114,10 +114,12 @@ demo-cluster: venv cluster-up
 # (it exits 1 only when jobs did not all come through; a missed rate goal is in its JSON).
 # runtime_bench.py: actor-group overhead and cold vs warm, tiny models and CogVideoX-2b at the
 # medium size through `videojob run`'s path vs the diffusers pipeline (runtime.json).
+# head_memory.py: the Ray head pod's memory with 1 and 8 concurrent jobs, drivers on the
+# drivers group vs on the head, on the cluster whose pods run (root; ~12 min).
 # stepcache_bench.py: step caches at the medium size (full-size widths, fewer layers;
 # configs.MEDIUM_SIZES), speed/quality/memory per family, policy and threshold, and SP2
 # (~12 min on 2 cores) -> stepcache.json and stepcache.png.
-bench: venv cluster-tools
+bench: venv cluster-tools helm-tool
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/planner_bench.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/scheduling_sim.py
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/runtime_bench.py
@@ -127,6 +129,7 @@ bench: venv cluster-tools
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/operator_load.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/operator_load.py --precreate \
 	  --out benchmarks/results/operator_load_precreated.json
+	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/head_memory.py
 
 # On a GPU machine: CogVideoX-5b full size (random weights), each offload mode,
 # measured vs planned -> benchmarks/results/gpu-*.json. gpu-check-dry-run runs the

@@ -151,6 +151,9 @@ def measure(cluster, placement: str, jobs: int, workdir: Path) -> dict:
             print(f"head_memory: {placement}: {count} job(s): head peak {result[f'jobs{count}']['headPeakMiB']} "
                   f"MiB, drivers pod peak {result[f'jobs{count}']['driversPodPeakMiB']} MiB", flush=True)
     finally:
+        # the VideoJobs first: their finalizer needs the operator (README, "Helm chart")
+        cluster.kubectl("delete", "videojobs", "--all", "-n", namespace, "--wait=true", "--timeout=180s",
+                        check=False, timeout=240)
         release.helm("uninstall", "videojob", "--namespace", namespace, "--ignore-not-found", "--wait",
                      "--timeout=180s", check=False)
         cluster.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true", "--timeout=180s",

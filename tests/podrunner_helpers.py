@@ -1,4 +1,4 @@
-"""Helpers for tests/test_podrunner.py: a pod runner process for the loopback cluster,
+"""Helpers for tests/test_podrunner*.py: a pod runner process for the loopback cluster,
 and a small apiserver client (the admin client certificate; no kubectl process per poll,
 which would cost the shared 2 cores more than the pods do)."""
 from __future__ import annotations

@@ -34,7 +34,7 @@ from videojob.settings import OperatorSettings
 def test_kuberay_worker_group_per_gpu_class(chart):
     """One group per class; its Ray resources in KubeRay's worker-group `resources` field
     (KubeRay 1.5 writes them into `ray start` single-quoted), never as JSON in
-    rayStartParams, which KubeRay pastes unquoted into bash (tests/test_chart_install.py
+    rayStartParams, which KubeRay pastes unquoted into bash (tests/test_chart_install_kuberay.py
     runs the command KubeRay made through bash)."""
     docs = chart.render("kuberay-gpu.yaml")
     classes = ci_values("kuberay-gpu.yaml")["gpuClasses"]
@@ -242,7 +242,7 @@ def test_extra_ray_start_params(chart):
 def test_network_policy_lets_in_only_the_operator_and_ray(chart, ci):
     """Ray pods (every pod KubeRay makes carries ray.io/cluster) take traffic only from the
     RayCluster's own pods and, on the dashboard port, from the operator pod. The loopback
-    test cluster has no CNI that enforces it: test_chart_install.py checks the object the
+    test cluster has no CNI that enforces it: test_chart_install_kuberay.py checks the object the
     API server accepted, not traffic."""
     docs = chart.render(ci)
     rc = one(docs, "RayCluster")
