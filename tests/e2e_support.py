@@ -219,18 +219,19 @@ class JobWatch:
             out.extend(f"  {t}={s} {r}: {m}" for t, s, r, m in conditions)
         return out
 
-    def span(self, name: str, text: str) -> float | None:
-        """Seconds from the first status that showed ``text`` (message or a condition's) to the
-        first one after that no longer did; None if it never showed."""
-        start = None
-        entries = list(zip(self.seen[name], self.times[name]))
-        for (phase, message, conditions), at in entries:
-            shown = text in (message or "") or any(text in (m or "") for *_, m in conditions)
-            if shown and start is None:
-                start = at
-            elif not shown and start is not None:
-                return at - start
-        return None if start is None else time.monotonic() - start
+    def shown_for(self, name: str, text: str) -> float | None:
+        """Seconds in all during which the job's status showed ``text`` (its message or a
+        condition's), from each status that showed it to the next that did not; None if
+        it never did."""
+        entries = list(zip(self.seen[name], self.times[name])) + [(None, time.monotonic())]
+        total, shown_at = None, None
+        for key, at in entries:
+            shown = key is not None and (text in (key[1] or "") or any(text in (m or "") for *_, m in key[2]))
+            if shown and shown_at is None:
+                shown_at = at
+            elif not shown and shown_at is not None:
+                total, shown_at = (total or 0.0) + at - shown_at, None
+        return total
 
     def wait_finished(self, timeout: float) -> dict[str, dict]:
         def finished():
