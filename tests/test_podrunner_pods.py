@@ -12,7 +12,10 @@ FAILS when CI=true or VIDEOJOB_REQUIRE_CLUSTER=1."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+import yaml
 
 from helpers import wait_for
 from podrunner_fixtures import SHELL_IMAGE
@@ -340,3 +343,31 @@ def test_security_context(runner, namespace):
                            == "CreateContainerConfigError")
     assert "runAsNonRoot" in cstatus(refused, "main")["state"]["waiting"]["message"]
     assert "ran" not in runner.log(ns, "nonroot")
+
+
+def test_image_files_under_tmp_stay_visible(runner, namespace, tmp_path):
+    """An image's own files (the image map's `paths`: here a script dir under /tmp, as a CI
+    checkout under /tmp holds the venv the images map to) are bind-mounted back behind the
+    container's private /tmp; without `paths` the private /tmp hides them (found when the
+    e2e ran from a clone under /tmp: `ray: command not found`)."""
+    install = tmp_path / "install"          # under /tmp (pytest's tmp dirs)
+    install.mkdir()
+    tool = install / "hello-from-image"
+    tool.write_text("#!/bin/sh\necho HELLO-FROM-IMAGE\n")
+    tool.chmod(0o755)
+    os.chmod(tmp_path, 0o755)                 # pytest makes it 0700: let uid 0 images in regardless
+    image_map = Path(runner.argv[runner.argv.index("--image-map") + 1])
+    doc = yaml.safe_load(image_map.read_text())
+    base = {"cmd": ["hello-from-image"], "env": {"PATH": f"{install}:/usr/bin:/bin"}}
+    doc["images"] += [{"image": "test/tmp-install-shown", **base, "paths": [str(install)]},
+                      {"image": "test/tmp-install-hidden", **base}]
+    image_map.write_text(yaml.safe_dump(doc))
+    api, ns = runner.api, namespace
+    for name, image in (("shown", "test/tmp-install-shown:1"), ("hidden", "test/tmp-install-hidden:1")):
+        api.create(ns, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                        "spec": {"nodeName": runner.node, "restartPolicy": "Never",
+                                 "containers": [{"name": "main", "image": image}]}})
+    shown = api.wait_pod(ns, "shown", "Succeeded", lambda p: phase(p) in ("Succeeded", "Failed"))
+    assert phase(shown) == "Succeeded" and "HELLO-FROM-IMAGE" in runner.log(ns, "shown"), runner.log(ns, "shown")
+    hidden = api.wait_pod(ns, "hidden", "an end", lambda p: phase(p) in ("Succeeded", "Failed"))
+    assert phase(hidden) == "Failed", "the private /tmp did not hide the install: the test proves nothing"

@@ -62,8 +62,11 @@ def images(venv_dir: Path) -> dict:
     path = f"{venv_dir}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     stand_in = {"PATH": path, "VIRTUAL_ENV": str(venv_dir)}
     final = {"HOME": "/home/videojob", "PYTHONDONTWRITEBYTECODE": "1"}  # the ENV after the installs
+    # The image's own files: the venv and the checkout its editable install points into
+    # (shown again in containers whose private /tmp would hide a checkout under /tmp).
+    own = list(dict.fromkeys([str(REPO), str(venv_dir)]))
     common = {"user": "65532:65532", "entrypoint": ["videojob"], "cmd": ["--help"],
-              "workingDir": "/home/videojob"}
+              "workingDir": "/home/videojob", "paths": own}
     return {"images": [
         {"match": "*videojob/runtime", **common,
          "env": {**stand_in, "PYTHONUNBUFFERED": "1", "DEBIAN_FRONTEND": "noninteractive", **final},

@@ -105,6 +105,17 @@ def plan_mounts(pod: dict, container: dict, volumes: dict[str, Mountable], ctr_t
     return mounts
 
 
+def image_path_mounts(mounts: list[dict], paths: list[str]) -> list[dict]:
+    """Read-only bind mounts that show the image's own files (``paths``: its install on this
+    host) again where a container mount hides them: a checkout under /tmp stays visible
+    behind the container's private /tmp, as an image's /opt/venv would be."""
+    out = []
+    for path in paths:
+        if any(_covers(m["target"], path) and m["target"] != path for m in mounts):
+            out.append({"source": path, "target": path, "readOnly": True, "recursive": True})
+    return out
+
+
 _SYSTEM_BIN = {"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}
 
 

@@ -11,6 +11,9 @@ A YAML file:
         workingDir: /          # the image's WORKDIR
         profile: |             # optional (alias: etcProfile): bind-mounted over /etc/profile
           ...
+        paths: [/work/main]    # optional: host dirs that are the image's own files (its install);
+                               # a container mount that would hide one (its private /tmp, a volume)
+                               # gets it bind-mounted back, read-only, at the same path
 
 A repository matches with or without `docker.io/` and `docker.io/library/`."""
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Image:
     gid: int = 0
     working_dir: str = "/"
     profile: str | None = None
+    paths: list[str] = field(default_factory=list)
 
     def get(self, key, default=None):  # used by env.command_line
         return {"entrypoint": self.entrypoint, "cmd": self.cmd}.get(key, default)
@@ -46,7 +50,7 @@ class Image:
     @property
     def digest(self) -> str:
         text = repr((self.pattern, sorted(self.env.items()), self.entrypoint, self.cmd, self.uid,
-                     self.gid, self.working_dir, self.profile))
+                     self.gid, self.working_dir, self.profile, self.paths))
         return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -101,12 +105,15 @@ class ImageMap:
                         e[key] = e.pop(alias)
             if not isinstance(e, dict) or not e.get("image"):
                 raise ImageMapError(f"{where}: each entry needs `image: <repository>` (or `match:`)")
-            unknown = set(e) - {"image", "env", "entrypoint", "cmd", "user", "workingDir", "profile"}
+            unknown = set(e) - {"image", "env", "entrypoint", "cmd", "user", "workingDir", "profile", "paths"}
             if unknown:
                 raise ImageMapError(f"{where}: unknown keys {sorted(unknown)}")
             for key in ("entrypoint", "cmd"):
                 if not isinstance(e.get(key, []), list):
                     raise ImageMapError(f"{where}: `{key}` must be a list of strings (exec form)")
+            paths = e.get("paths") or []
+            if not isinstance(paths, list) or not all(isinstance(x, str) and x.startswith("/") for x in paths):
+                raise ImageMapError(f"{where}: `paths` must be a list of absolute host paths")
             uid, gid = _user(e.get("user"), where)
             self.images.append(Image(
                 pattern=repository(str(e["image"])),
@@ -114,7 +121,7 @@ class ImageMap:
                 entrypoint=[str(x) for x in e.get("entrypoint") or []],
                 cmd=[str(x) for x in e.get("cmd") or []],
                 uid=uid, gid=gid, working_dir=str(e.get("workingDir") or "/"),
-                profile=e.get("profile")))
+                profile=e.get("profile"), paths=[str(x).rstrip("/") or "/" for x in paths]))
 
     def lookup(self, image: str) -> Image | None:
         repo = repository(image)

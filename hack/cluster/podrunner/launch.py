@@ -47,6 +47,7 @@ def prepare(runner: "Runner", sandbox: "Sandbox", pod: dict, container: dict, cs
         mounts = containers.plan_mounts(pod, container, sandbox.volumes.mounts, tmp, sandbox.pod_shm,
                                         profile, env)
         mounts += containers.workdir_mount(mounts, cwd, ctr_dir / "workdir", uid, gid)
+        mounts += containers.image_path_mounts(mounts, image.paths)
         runner.host_paths.ensure(containers.host_paths_to_create(mounts))
         blocked = containers.blocked_dirs(containers.install_paths(env, cwd), uid, gid, groups)
         unmask = containers.unmask_specs(blocked, ctr_dir)
