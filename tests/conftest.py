@@ -180,6 +180,20 @@ class E2ECluster(KubeCluster):
             return {}
 
 
+def pytest_runtest_makereport(item, call):
+    """`incremental` modules: remember the first failed step."""
+    if "incremental" in item.keywords and call.excinfo is not None and call.when == "call":
+        item.parent._failed_step = getattr(item.parent, "_failed_step", None) or item.name
+
+
+def pytest_runtest_setup(item):
+    """`incremental` modules: a step after a failed one fails at once, naming it (rather
+    than waiting out its own timeouts on a cluster the failed step left half-made)."""
+    failed = getattr(item.parent, "_failed_step", None) if "incremental" in item.keywords else None
+    if failed:
+        pytest.fail(f"an earlier step of this module failed: {failed}", pytrace=False)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests that use the cluster (directly or through `namespace`) get the
     `cluster` marker, so `-m "not cluster"` deselects them even when unmarked."""

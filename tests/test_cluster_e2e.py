@@ -47,6 +47,7 @@ def random_png(size: int = 64) -> bytes:
     Image.fromarray((np.random.default_rng(1).random((size, size, 3)) * 255).astype("uint8")).save(buffer, "PNG")
     return buffer.getvalue()
 
+pytestmark = pytest.mark.incremental  # install, jobs, scale-down, uninstall: one story
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 CLASSES = ("cpu-a", "cpu-b")
 # ci/kuberay-cpu.yaml's operator.settings.placementTimeoutS: shorter than a worker's scale-up.
