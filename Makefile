@@ -17,10 +17,11 @@ include hack/cluster.mk
 KUBECTL = $(shell bash hack/cluster/build-tools.sh --print 2>/dev/null)/kubectl --kubeconfig $(CURDIR)/.cluster/kubeconfig
 
 .PHONY: help venv test unit crds demo demo-cluster bench calibrate gpu-check gpu-check-dry-run clean \
-	helm-tool values-table kind-e2e docs cluster-e2e
+	helm-tool values-table kind-e2e docs cluster-e2e env
 
 help:
 	@echo "make demo    run the main job on the embedded default"
+	@echo 'eval "$$(make -s env)"   put videojob, kubectl and helm on PATH; KUBECONFIG: the loopback cluster'
 	@echo "make test    install what is needed and run all tests (real kube-apiserver included)"
 	@echo "make unit    tests that need no cluster"
 	@echo "make crds    regenerate the CRD from the API models and sync the chart copy"
@@ -28,7 +29,7 @@ help:
 	@echo "make calibrate   re-profile the models into the planner's calibration table"
 	@echo "make cluster-up / cluster-down   the loopback kube-apiserver for tests"
 	@echo "make helm-tool   build helm from its Go module (cached; prints its bin dir)"
-	@echo "make values-table   regenerate README.md's Helm values table"
+	@echo "make values-table   regenerate docs/chart.md's Helm values table"
 	@echo "make cluster-e2e   helm install (kuberay mode) where pods run as processes, jobs to mp4s (root)"
 	@echo "make kind-e2e   images, kind cluster, helm install, the tiny job (needs Docker and kind)"
 	@echo "make docs    render docs/architecture.png (needs graphviz)"
@@ -41,6 +42,17 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 venv: $(VENV)/.installed
+
+# Shell exports for a new shell: `eval "$(make -s env)"` puts the venv's bin (videojob,
+# python), kubectl and helm (once `make test` or `make cluster-tools helm-tool` built
+# them) on PATH and points KUBECONFIG at the loopback cluster (`make cluster-up`).
+# stdout holds only the exports; what is missing is said on stderr.
+env: venv
+	@k=$$(bash hack/cluster/build-tools.sh --print 2>/dev/null); h=$$(bash hack/cluster/build-gotool.sh helm --print 2>/dev/null); \
+	  [ -n "$$k" ] || echo "make env: kubectl is not built yet (make test, or make cluster-tools)" >&2; \
+	  [ -n "$$h" ] || echo "make env: helm is not built yet (make test, or make helm-tool)" >&2; \
+	  echo "export PATH=\"$(CURDIR)/$(VENV)/bin$${k:+:$$k}$${h:+:$$h}:\$$PATH\""; \
+	  echo "export KUBECONFIG=\"$(CURDIR)/.cluster/kubeconfig\""
 
 # pytest exits 5 when it collected nothing: that is a failure here, never a pass.
 define run_pytest
@@ -60,7 +72,7 @@ unit: venv
 helm-tool:
 	GOFLAGS="$${GOFLAGS:+$$GOFLAGS }-p=1" bash hack/cluster/build-gotool.sh helm
 
-# README.md's "Helm values" table, from charts/videojob/values.yaml and
+# docs/chart.md's values table, from charts/videojob/values.yaml and
 # values.schema.json (tests/test_chart_values.py fails when it drifts).
 values-table: venv
 	$(PY) hack/values_table.py

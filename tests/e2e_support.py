@@ -182,6 +182,8 @@ class JobWatch:
         self.release, self.names, self.interval = release, names, interval
         self.seen: dict[str, list[tuple]] = {n: [] for n in names}
         self.times: dict[str, list[float]] = {n: [] for n in names}  # when each entry of seen was first seen
+        # `kubectl get vj`, as a user saw it the first time one job ran while another queued
+        self.table: str | None = None
         self.last: dict[str, dict] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -209,6 +211,10 @@ class JobWatch:
                 if not self.seen[name] or self.seen[name][-1] != key:
                     self.seen[name].append(key)
                     self.times[name].append(time.monotonic())
+            phases = {(o.get("status") or {}).get("phase") for o in self.last.values()}
+            if self.table is None and {"Running", "Queued"} <= phases:
+                self.table = self.release.kubectl("get", "vj", "-n", self.release.namespace,
+                                                  check=False).stdout
             self._stop.wait(self.interval)
 
     def texts(self, name: str) -> list[str]:

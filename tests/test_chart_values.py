@@ -1,4 +1,4 @@
-"""The chart's values without helm: README's values table is current, every
+"""The chart's values without helm: docs/chart.md's values table is current, every
 value is documented, the operator settings the chart renders are the
 operator's own (names and defaults), and the chart's appVersion is the
 package's version."""
@@ -29,17 +29,17 @@ def _values_table():
 
 
 def test_readme_values_table_is_current():
-    """`--check` is what CI runs: README.md must hold exactly the generated table."""
+    """`--check` is what CI runs: docs/chart.md must hold exactly the generated table."""
     result = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, cwd=REPO)
-    assert result.returncode == 0, result.stderr + "\n(run `make values-table` and commit README.md)"
+    assert result.returncode == 0, result.stderr + "\n(run `make values-table` and commit docs/chart.md)"
 
 
 def test_check_fails_on_drift(tmp_path):
     table = _values_table()
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "chart.md").read_text()
     stale = readme.replace("| `ray.mode` |", "| `ray.mode2` |")
     assert stale != readme
-    path = tmp_path / "README.md"
+    path = tmp_path / "chart.md"
     path.write_text(stale)
     assert table.main(["--check", "--readme", str(path)]) == 1
     assert table.main(["--readme", str(path)]) == 0  # rewrites it

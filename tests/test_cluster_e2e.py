@@ -215,10 +215,11 @@ def test_jobs_scale_up_from_zero_and_land_on_their_class(release: Release):
     staging = release.data / "staging"
     assert not staging.exists() or not any(staging.iterdir()), sorted(staging.rglob("*"))
 
-    # What a user sees.
+    # What a user sees (the mid-run table is the README's example: printed for it).
     table = release.kubectl("get", "vj", "-n", release.namespace).stdout
     for name in jobs:
         assert any(line.split()[:2] == [name, "Succeeded"] for line in table.splitlines()), table
+    print(f"kubectl get vj while e2e-i2v queued:\n{watch.table}\nkubectl get vj at the end:\n{table}")
 
 
 # -- 3. idle workers go -----------------------------------------------------------------------------
