@@ -52,6 +52,19 @@ def grant(cluster, namespace: str, rules: list[dict]) -> None:
     cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(o) for o in objects))
 
 
+def python_without_runtime(where: Path) -> Path:
+    """A plain venv's Python (no packages: it cannot import videojob_runtime), as the
+    first `python` on a PATH where the venv is not activated may be; its bin/ holds
+    `python`. Checked before it is returned: a test built on it proves nothing if it can."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=60)
+    python = where / "bin" / "python"
+    # The environment Ray heads started by tests hand their drivers (PYTHONPATH included).
+    probe = subprocess.run([str(python), "-c", "import videojob_runtime"], capture_output=True, text=True, timeout=60)
+    assert probe.returncode != 0 and "No module named 'videojob_runtime'" in probe.stderr, (
+        f"{python} imports videojob_runtime (PYTHONPATH, or a global install?): {probe.stderr[-500:]}")
+    return python
+
+
 def write_inventory(path: Path, ranks: int = 2, gpu_memory: str = "8Gi", host_memory: str = "16Gi") -> Path:
     path.write_text(yaml.safe_dump({"device": "cpu", "gpusPerNode": ranks, "gpuMemory": gpu_memory,
                                     "hostMemory": host_memory, "gpuType": "generic", "maxPods": 1}))
@@ -59,10 +72,11 @@ def write_inventory(path: Path, ranks: int = 2, gpu_memory: str = "8Gi", host_me
 
 
 class OperatorProcess:
-    def __init__(self, cluster, namespace: str, workdir: Path, env: dict[str, str], rules: list[dict] | None = None,
-                 kubeconfig: Path | None = None):
-        """``kubeconfig``: run as its user, granting nothing (``rules`` unused); default: a
-        Role of ``rules`` (the chart's) bound to a ServiceAccount of the harness."""
+    def __init__(self, cluster, namespace: str, workdir: Path, env: dict[str, str | None],
+                 rules: list[dict] | None = None, kubeconfig: Path | None = None):
+        """``env``: over this process's environment (None: unset there). ``kubeconfig``: run
+        as its user, granting nothing (``rules`` unused); default: a Role of ``rules`` (the
+        chart's) bound to a ServiceAccount of the harness."""
         self.cluster, self.namespace, self.workdir = cluster, namespace, workdir
         self.env = env
         self.rules = rules if rules is not None else rbac_rules()
@@ -83,6 +97,7 @@ class OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "VIDEOJOB_METRICS_PORT": str(self.metrics_port),
                "VIDEOJOB_PROGRESS_INTERVAL_S": "0.5", "VIDEOJOB_POLL_INTERVAL_S": "0.3",
                "VIDEOJOB_RAY_RETRY_S": "1", "OMP_NUM_THREADS": "1", **self.env}
+        env = {key: value for key, value in env.items() if value is not None}
         env.pop("RAY_ADDRESS", None)
         log = open(self.log_path, "a")
         log.write(f"\n===== start {self.starts + 1} =====\n")

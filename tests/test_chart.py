@@ -183,6 +183,9 @@ def test_operator_env_is_what_the_operator_reads(chart, ci, monkeypatch):
         if key == "driverResources" and mode == "kuberay":  # one slot of the drivers' group, always
             value = {**(value or {}), DRIVER_RESOURCE: 1}
         assert getattr(settings, name) == value, f"operator.settings.{key}"
+    # The chart sets driverPython in every mode (embedded too): drivers run the runtime image's `python`,
+    # never the embedded-mode default of the operator's own interpreter.
+    assert settings.driver_interpreter == values["operator"]["settings"]["driverPython"]
     if values["ray"]["auth"].get("existingSecret") and mode != "embedded":
         token = PurePosixPath(settings.ray_token_file)
         mount = next(m for m in container["volumeMounts"] if PurePosixPath(m["mountPath"]) == token.parent)

@@ -9,6 +9,7 @@ rules, and the tiny CPU model. One namespace per test.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections import Counter
@@ -20,7 +21,8 @@ pytest.importorskip("xfuser")
 
 from helpers import REPO, RayHead, free_port, wait_for  # noqa: E402
 from operator_harness import (  # noqa: E402
-    OperatorProcess, create, elapsed_since, rbac_rules, tiny_job, videojob, wait_phase, write_inventory,
+    OperatorProcess, create, elapsed_since, python_without_runtime, rbac_rules, tiny_job, videojob, wait_phase,
+    write_inventory,
 )
 from videojob.crd import CRD_FILE, CRD_NAME  # noqa: E402
 from videojob.raycluster.client import HttpRayClient  # noqa: E402
@@ -291,14 +293,18 @@ def test_ray_trouble_is_a_retrying_condition_not_a_crash(crd, namespace, roots, 
 
 
 def test_embedded_mode_runs_the_tiny_job(crd, namespace, roots, tmp_path):
-    """`videojob operator` with no Ray address starts its own head and runs the job."""
+    """`videojob operator` with no Ray address starts its own head and runs the job. As
+    `.venv/bin/videojob operator` runs from a shell where the venv is not activated: no
+    VIDEOJOB_DRIVER_PYTHON, and the first `python` on PATH cannot import the runtime; the
+    drivers run with the operator's own Python (before: three DriverLost attempts)."""
     from videojob_runtime.output import probe_mp4
 
     out = tmp_path / "embedded-outputs"
+    plain = python_without_runtime(tmp_path / "plain-venv")
     env = {"VIDEOJOB_RAY_MODE": "embedded", "VIDEOJOB_EMBEDDED_RAY_CPUS": "2", "VIDEOJOB_OUTPUT_ROOT": str(out),
-           "VIDEOJOB_DRIVER_PYTHON": _python(),
-           "VIDEOJOB_INVENTORY_FILE": str(write_inventory(tmp_path / "inventory.yaml"))}
-    with OperatorProcess(crd, namespace, roots["work"], env):
+           "VIDEOJOB_INVENTORY_FILE": str(write_inventory(tmp_path / "inventory.yaml")),
+           "PATH": f"{plain.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    with OperatorProcess(crd, namespace, roots["work"], {**env, "VIDEOJOB_DRIVER_PYTHON": None}):
         create(crd, namespace, tiny_job("embedded", steps=3))
         obj = wait_phase(crd, namespace, "embedded", {"Succeeded", "Failed"}, timeout=300)
         assert obj["status"]["phase"] == "Succeeded", obj["status"].get("message")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from typing import Optional
 
 from pydantic import Field, field_validator, model_validator
@@ -98,8 +99,12 @@ class OperatorSettings(BaseSettings):
                                   description="Namespaces to watch (empty: all; comma-separated in the env).")
     metrics_port: int = Field(default=8080, ge=0, le=65535,
                               description="Port of /metrics and /healthz (0: pick a free one).")
-    driver_python: str = Field(default="python",
-                               description="The Python the Ray job entrypoint runs (in the runtime image).")
+    driver_python: str = Field(
+        default="python",
+        description="The Python every driver (the Ray job entrypoint, `PYTHON -m videojob_runtime.driver`) runs "
+                    "with; it must import videojob_runtime. address mode: `python` (the runtime image's, first on "
+                    "the Ray node's PATH). embedded mode, unless set: the operator's own Python (sys.executable), "
+                    "whose environment also runs the Ray head it starts; see driver_interpreter.")
     placement_timeout_s: float = Field(
         default=600.0, gt=0,
         description="Seconds a group may wait to be placed while no node for it is being launched (the time the "
@@ -173,6 +178,17 @@ class OperatorSettings(BaseSettings):
                              f"VIDEOJOB_PLACEMENT_TIMEOUT_S ({self.placement_timeout_s:g}): it bounds the whole "
                              "wait, the timeout only the part with nothing launching")
         return self
+
+    @property
+    def driver_interpreter(self) -> str:
+        """The Python drivers run with: driver_python when it is set (the environment, or
+        the chart, which always sets it); else, in embedded mode, the operator's own
+        (``videojob operator`` from a venv that is not activated would otherwise hand
+        its drivers whatever `python` comes first on PATH, which cannot import the
+        runtime); else `python`."""
+        if self.ray_mode == "embedded" and "driver_python" not in self.model_fields_set:
+            return sys.executable or self.driver_python
+        return self.driver_python
 
     @property
     def entrypoint_resources(self) -> dict[str, float]:

@@ -14,7 +14,9 @@ with its result. What happens next (``outcome.Outcome.kind``):
   reason ``NoPlacement`` once ``PLACEMENT_REQUEUE_LIMIT_S`` has passed since
   its first re-queued attempt started (status timestamps: a restarted
   operator keeps counting);
-- failed (bad input, a bug, ``ProtocolIncompatible``): failed, no retry.
+- failed (bad input, a bug, ``ProtocolIncompatible``, a driver that exited
+  with an error before it printed anything: ``DriverStartFailed``): failed, no
+  retry.
 
 Only non-requeued attempts count against ``MAX_ATTEMPTS`` (``counted``).
 """
@@ -30,7 +32,7 @@ from ..api.status import ConditionType, Phase, Reason
 from ..raycluster.client import RayUnavailable
 from .context import epoch
 from .groups import teardown_groups
-from .outcome import Outcome, story, success_changes
+from .outcome import Outcome, clip, story, success_changes
 from .status import now
 
 log = logging.getLogger("videojob.controller")
@@ -128,7 +130,7 @@ class Endings:
                                                                 message)}, event_message=message)
             return True
         delay = settings.retry_backoff_s * 2 ** max(0, used - 1)
-        message = (f"attempt {attempt['number']} lost ({outcome.reason}): {outcome.message[:300]}; "
+        message = (f"attempt {attempt['number']} lost ({outcome.reason}): {clip(outcome.message, 600)}; "
                    f"retrying in {delay:g} s ({left} attempt(s) left)")
         self.book.update({"phase": Phase.QUEUED.value, "attempts": attempts, "message": message, "progress": None,
                           "conditions": self.book.condition(ConditionType.ADMITTED, "False", Reason.FAILED,

@@ -69,14 +69,14 @@ def present(ray: RayClient, group: str) -> bool:
 @dataclass(frozen=True)
 class DriverLaunch:
     """How every driver is started: the entrypoint's Python and the Ray resources
-    its job asks for (settings: driver_python, driver_resources)."""
+    its job asks for (settings: driver_python, as ``driver_interpreter`` resolves it; driver_resources)."""
 
     python: str = "python"
     resources: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, settings) -> "DriverLaunch":
-        return cls(settings.driver_python, settings.entrypoint_resources)
+        return cls(settings.driver_interpreter, settings.entrypoint_resources)
 
     def submit(self, ray: RayClient, submission_id: str, entrypoint: str, metadata: dict[str, str]) -> bool:
         """Submit one driver (True: created; False: it existed, adopt it)."""

@@ -17,6 +17,7 @@ import kopf
 from ..api.common import API_GROUP, API_VERSION, PLURAL
 from ..settings import OperatorSettings
 from .operator import Controller, object_ref
+from .outcome import clip
 
 FINALIZER = f"{API_GROUP}/finalizer"
 EVENT_POSTERS = 32
@@ -41,7 +42,7 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
 
 def _post_event(namespace: str, name: str, uid: str, kind: str, reason: str, message: str) -> None:
-    kopf.event(object_ref(namespace, name, uid), type=kind, reason=reason, message=message[:1024])
+    kopf.event(object_ref(namespace, name, uid), type=kind, reason=reason, message=clip(message, 1024))
 
 
 def build_registry(settings: OperatorSettings, controller: Controller | None = None) -> tuple[kopf.OperatorRegistry,

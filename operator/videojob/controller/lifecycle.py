@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from ..api import InvalidVideoJob, VideoJob, parse_videojob
 from ..api.status import ConditionType, Phase, Reason
+from ..driver_protocol import result_of
 from ..planner.classes import plan_classes
 from ..raycluster.client import RayAuthError, RayUnavailable
 from .admission import pool_key
@@ -35,7 +36,7 @@ from .context import TERMINAL, Context, EventFn, Stopped, epoch
 from .deletion import Deletion
 from .endings import Endings
 from .kube import Gone
-from .outcome import outcome_of
+from .outcome import clip, outcome_of
 from .queueing import Queueing
 from .status import StatusBook, now
 from .watching import Watching
@@ -95,7 +96,7 @@ class JobLifecycle(Queueing, Attempts, Watching, Endings, Deletion):
 
     def _fail(self, reason: Reason, message: str, condition: ConditionType = ConditionType.COMPLETED,
               changes: dict[str, Any] | None = None) -> None:
-        self.book.update({"phase": Phase.FAILED.value, "message": message[:1000], "completionTime": now(),
+        self.book.update({"phase": Phase.FAILED.value, "message": clip(message, 1000), "completionTime": now(),
                           "queue": None, **(changes or {}),
                           "conditions": self.book.condition(condition, "False", reason, message)},
                          event_message=message)
@@ -144,8 +145,8 @@ class JobLifecycle(Queueing, Attempts, Watching, Endings, Deletion):
                     break
                 log.warning("%s: Ray lost driver %s (a restarted head?); submitting it again", self.key,
                             attempt["submissionId"])
-            ray_job, result = finished
-            outcome = outcome_of(ray_job, result)
+            ray_job, logs = finished
+            outcome = outcome_of(ray_job, result_of(logs), logs)
             log.info("%s: attempt %s ended %s (%s); its driver spoke protocol %s", self.key, attempt["number"],
                      outcome.attempt_result, outcome.reason, outcome.driver_protocol or "?")
             if outcome.kind == "succeeded":

@@ -75,8 +75,9 @@ class Controller:
         self.alive.set()
         threading.Thread(target=self._sweeper, name="videojob-sweeper", daemon=True).start()
         classes = ", ".join(c.describe() for c in self.inventory.classes)
-        log.info("operator ready: %s %s(s) in %s (%s), Ray at %s, metrics on :%s", self.inventory.capacity,
-                 self.inventory.unit, classes, self.inventory.device, getattr(ray, "address", "?"), self.metrics_port)
+        log.info("operator ready: %s %s(s) in %s (%s), Ray at %s, drivers run %s, metrics on :%s",
+                 self.inventory.capacity, self.inventory.unit, classes, self.inventory.device,
+                 getattr(ray, "address", "?"), self.ctx.launch.python, self.metrics_port)
 
     def rebuild(self) -> None:
         """The scheduler's books from what exists: running attempts from the

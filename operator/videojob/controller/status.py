@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from ..api.status import ConditionType, Phase, Reason
 from .kube import Conflict, VideoJobs
+from .outcome import clip
 
 
 def now() -> str:
@@ -60,7 +61,7 @@ class StatusBook:
         transition time kept unless its status flips)."""
         conditions = [dict(c) for c in (self.status.get("conditions", []) if base is None else base)]
         old = next((c for c in conditions if c.get("type") == type_.value), None)
-        entry = {"type": type_.value, "status": status, "reason": reason.value, "message": message[:1024],
+        entry = {"type": type_.value, "status": status, "reason": reason.value, "message": clip(message, 1024),
                  "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == status
                  and old.get("lastTransitionTime") else now(),
                  "observedGeneration": self.generation}

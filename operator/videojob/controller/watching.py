@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from ..api.status import ConditionType, Phase, Reason
-from ..driver_protocol import records, result_of
+from ..driver_protocol import records
 from ..raycluster.client import RayJob
 
 PLACEMENT_REASONS = {"waiting-for-node": Reason.WAITING_FOR_NODE, "waiting-for-room": Reason.WAITING_FOR_PLACEMENT}
@@ -31,8 +31,8 @@ PLACEMENT_REASONS = {"waiting-for-node": Reason.WAITING_FOR_NODE, "waiting-for-r
 class Watching:
     """``JobLifecycle``'s watch of a running attempt (see the module)."""
 
-    def _watch(self, stopped, attempt: dict[str, Any]) -> tuple[RayJob, dict[str, Any] | None] | None:
-        """Until the driver ends ((its Ray job, its result record)) or Ray no longer knows it (None)."""
+    def _watch(self, stopped, attempt: dict[str, Any]) -> tuple[RayJob, str] | None:
+        """Until the driver ends ((its Ray job, its log)) or Ray no longer knows it (None)."""
         sid = attempt["submissionId"]
         last_write = float("-inf")
         waiting = False
@@ -45,7 +45,7 @@ class Watching:
             if ray_job.terminal:
                 if waiting:  # it ended between two looks: the wait it showed is over
                     self._show_latest(attempt, logs, waiting)
-                return ray_job, result_of(logs)
+                return ray_job, logs
             if ray_job.status == "PENDING":
                 self._show_pending_driver(attempt)
             elif clock - last_write >= self.ctx.settings.progress_interval_s:

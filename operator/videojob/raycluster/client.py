@@ -54,6 +54,9 @@ class RayJob:
     metadata: dict[str, str] = field(default_factory=dict)
     # The Ray node the driver runs on (None while PENDING): where its entrypoint resources put it.
     driver_node_id: str | None = None
+    # The entrypoint's exit status once it ended on its own (None: it did not, or this Ray does not say).
+    driver_exit_code: int | None = None
+    entrypoint: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -65,7 +68,16 @@ class RayJob:
                    status=str(data.get("status", "")), message=data.get("message") or "",
                    error_type=data.get("error_type"), start_time_ms=data.get("start_time"),
                    end_time_ms=data.get("end_time"), metadata=data.get("metadata") or {},
-                   driver_node_id=data.get("driver_node_id") or None)
+                   driver_node_id=data.get("driver_node_id") or None,
+                   driver_exit_code=_int_or_none(data.get("driver_exit_code")),
+                   entrypoint=data.get("entrypoint") or "")
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
 
 
 class RayClient(Protocol):
