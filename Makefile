@@ -112,7 +112,7 @@ demo-cluster: venv cluster-up
 	$(KUBECTL) wait --for=condition=Established --timeout=60s crd/videojobs.videojob.io
 	mkdir -p out
 	KUBECONFIG=$(CURDIR)/.cluster/kubeconfig VIDEOJOB_OUTPUT_ROOT=$(CURDIR)/out VIDEOJOB_METRICS_PORT=0 \
-	  VIDEOJOB_DRIVER_PYTHON=$(CURDIR)/$(PY) OMP_NUM_THREADS=1 \
+	  OMP_NUM_THREADS=1 \
 	  $(PY) -m videojob.cli operator --standalone --namespace default > out/operator.log 2>&1 & echo $$! > out/operator.pid
 	$(KUBECTL) delete videojob tiny-cpu --ignore-not-found --timeout=60s
 	$(KUBECTL) apply -f examples/tiny-cpu.yaml
