@@ -11,6 +11,16 @@ Ray state file, nor ``RAY_ADDRESS``, nor a Ray cluster already running on the
 machine is ever used; it gets its own auth token in the environment, so
 nothing is written to ``~/.ray``. Everything is removed when the run ends.
 
+Before Ray starts, the run is checked up front (``run_local``): the output
+directory is created and a file written in it, and every input file the
+ranks will read (``local://`` under the inputs root, ``pvc://`` under the
+claim's mount) must exist; either failure is bad input (exit 1) naming the
+flag or field, the path and what to set, and leaves nothing behind.
+Ray's own log lines (its token-auth warning, "Started a local Ray instance")
+go to the ``videojob.ray`` logger, not straight to the terminal: the caller
+decides where they go (``videojob run``: the run's log, errors also on
+stderr).
+
 Failures outside the job (no placement, an actor that died, a timeout) come
 back as the same structured error as failures inside it, with the stage.
 """
@@ -18,6 +28,7 @@ back as the same structured error as failures inside it, with the stage.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import secrets
@@ -33,6 +44,7 @@ from videojob.catalog import get_model
 from videojob.planner import GiB, Inventory, plan_spec
 from videojob.settings import RunSettings
 
+from .errors import JobFailure
 from .request import JobRequest
 
 NAMESPACE = "videojob"
@@ -56,19 +68,55 @@ def machine_inventory() -> tuple[Inventory, str]:
                      unit="CPU rank"), "cpu"
 
 
+class _ToLogger(logging.Handler):
+    """Hands each record to another logger (its handlers decide where it goes)."""
+
+    def __init__(self, target: logging.Logger):
+        super().__init__()
+        self.target = target
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.target.handle(record)
+
+
 @contextlib.contextmanager
-def embedded_ray(settings: RunSettings | None = None, num_cpus: int | None = None) -> Iterator[dict[str, Any]]:
+def ray_logs_to(logger_name: str = "videojob.ray") -> Iterator[None]:
+    """Ray's log records in this process go to ``logger_name`` instead of the
+    stderr handler Ray installs on its ``ray`` logger when imported; put back after."""
+    import ray  # noqa: F401 - importing Ray installs its handler, which is what is replaced here
+
+    ray_logger = logging.getLogger("ray")
+    saved = list(ray_logger.handlers)
+    ray_logger.handlers = [_ToLogger(logging.getLogger(logger_name))]
+    try:
+        yield
+    finally:
+        ray_logger.handlers = saved
+
+
+@contextlib.contextmanager
+def embedded_ray(settings: RunSettings | None = None, num_cpus: int | None = None,
+                 env: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
     """Ray for this process: the configured cluster, or a fresh local one (module docstring).
-    An already initialised Ray (a test's) is used as it is and left running."""
+    An already initialised Ray (a test's) is used as it is and left running. ``env``:
+    variables every rank gets (the job's runtime_env), besides OMP_NUM_THREADS."""
     import ray
 
     settings = settings or RunSettings()
     if ray.is_initialized():
         yield {"embedded": False, "address": ray.get_runtime_context().gcs_address}
         return
-    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    with ray_logs_to():
+        with _ray_session(ray, settings, num_cpus, env or {}) as info:
+            yield info
+
+
+@contextlib.contextmanager
+def _ray_session(ray, settings: RunSettings, num_cpus: int | None, extra_env: dict[str, str]):
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **extra_env}
     if settings.ray_address:
-        ray.init(address=settings.ray_address, namespace=NAMESPACE, log_to_driver=False)
+        ray.init(address=settings.ray_address, namespace=NAMESPACE, log_to_driver=False,
+                 **({"runtime_env": {"env_vars": extra_env}} if extra_env else {}))
         try:
             yield {"embedded": False, "address": settings.ray_address}
         finally:
@@ -108,6 +156,92 @@ def output_location(job: VideoJob, out_dir: Path | None, settings: RunSettings) 
     return path, f"spec.output.uri {spec_uri} -> {path}"
 
 
+def output_field(job: VideoJob, out_dir: Path | None) -> str:
+    """What chose the output directory, for messages: the flag, the field or the variable."""
+    if out_dir is not None:
+        return "--out"
+    return "spec.output.uri" if job.spec.output and job.spec.output.uri else "VIDEOJOB_OUTPUT_ROOT"
+
+
+def make_output_dir(directory: Path, field: str, head: str, hint: str = "") -> list[Path]:
+    """Create ``directory`` (and its missing parents) and write a file in it, so
+    a place the files cannot go is found before anything runs. The directories
+    made, outermost first. Any failure is a JobFailure naming ``field`` (``head``
+    starts its message: the flag or field and its value; ``hint`` ends it), after
+    removing what was made: nothing is left behind."""
+    target = Path(os.path.abspath(directory))
+    missing: list[Path] = []
+    probe = target
+    while not probe.exists() and not probe.is_symlink() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    made: list[Path] = []
+    try:
+        if probe.exists() and not probe.is_dir():  # the directory itself, or a parent, is a file
+            raise NotADirectoryError(errno.ENOTDIR, f"{probe} is there and is not a directory")
+        for path in reversed(missing):
+            path.mkdir()
+            made.append(path)
+        if not target.is_dir():  # a link to nowhere
+            raise NotADirectoryError(errno.ENOTDIR, f"{target} is not a directory")
+        try:
+            fd, name = tempfile.mkstemp(prefix=".videojob-write-check-", dir=target)
+        except OSError as exc:  # named after the directory, not the check's own file
+            raise OSError(exc.errno, f"{target}: cannot write a file there: {exc.strerror or exc}") from None
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        remove_made_dirs(made)
+        reason = exc.strerror or str(exc)
+        if exc.filename:
+            reason = f"{exc.filename}: {reason}"
+        raise JobFailure(f"{head}: cannot write the output files there ({reason}): name a directory that "
+                         f"can be created and written{f' ({hint})' if hint else ''}", stage="write", field=field,
+                         directory=str(directory)) from None
+    return made
+
+
+def remove_made_dirs(made: list[Path]) -> None:
+    """Remove the directories ``make_output_dir`` made, innermost first, while empty."""
+    for path in reversed(made):
+        try:
+            path.rmdir()
+        except OSError:
+            return
+
+
+def input_files(request: JobRequest) -> list[tuple[str, str]]:
+    """(field, uri) of each file the ranks read for this task (``worker._conditioning``):
+    i2v its image; identity its face and the face's embeddings at ``<faceImage>.npz``."""
+    if request.task == "i2v" and request.image:
+        return [("spec.image", request.image)]
+    if request.task == "identity" and request.face_image:
+        return [("spec.faceImage", request.face_image), ("spec.faceImage", f"{request.face_image}.npz")]
+    return []
+
+
+def check_inputs(request: JobRequest, inputs_root: Path, how_to_set: str = "VIDEOJOB_DATA_ROOT") -> None:
+    """Every local:// and pvc:// file the ranks will read exists, checked before
+    anything starts; a JobFailure naming the field, the path it resolves to and
+    the setting that moves it otherwise (https inputs are fetched, and checked, later)."""
+    from .locations import resolve, volumes_root
+
+    for field, uri in input_files(request):
+        if uri.startswith("https://"):
+            continue
+        path = resolve(uri, "input", field, root=inputs_root)
+        if path.is_file():
+            continue
+        what = "ConsisID's face embeddings" if uri.endswith(".npz") and field == "spec.faceImage" else "the input"
+        found = "is not a file" if path.exists() else "does not exist"
+        if uri.startswith("local://"):
+            where = f"local:// inputs are read under {inputs_root}: set {how_to_set}"
+        else:
+            where = f"pvc://CLAIM/path is read under VIDEOJOB_VOLUMES_ROOT/CLAIM, here {volumes_root()}"
+        raise JobFailure(f"{field}: {what} {uri} {found}: it resolves to {path} ({where})",
+                         stage="inputs", field=field, resolved=str(path))
+
+
 def output_name(job: VideoJob) -> str:
     """The job's file-name stem: its name, refused unless a DNS-1123 subdomain
     (the API server's rule; checked again here, where it becomes a file name)."""
@@ -138,12 +272,23 @@ def _error(reason: str, stage: str, message: str, **extra: Any) -> dict[str, Any
 
 
 def run_local(job: VideoJob, out_dir: Path | None = None, on_progress: Callable[[dict], None] | None = None,
-              settings: RunSettings | None = None) -> dict[str, Any]:
+              settings: RunSettings | None = None, inputs_dir: str | Path | None = None,
+              on_ready: Callable[[dict], None] | None = None,
+              inputs_setting: str = "VIDEOJOB_DATA_ROOT") -> dict[str, Any]:
     """Plan, run and write one job; always returns a dict (``ok``, or ``error`` with reason and stage).
-    https inputs are fetched here, once for all ranks, and removed when the job ends (``staged_inputs``)."""
+    https inputs are fetched here, once for all ranks, and removed when the job ends (``staged_inputs``).
+
+    Up front, before Ray starts (module docstring): the plan (exit 3 when
+    nothing fits), the output directory (made and written to) and the input
+    files; a failure there is ``exit`` 1 and writes nothing. ``inputs_dir``:
+    where local:// inputs are read (default: VIDEOJOB_DATA_ROOT's directory),
+    handed to the ranks; ``inputs_setting`` names what sets it, in messages.
+    ``on_ready`` hears where the files go and the inputs come from, once the
+    checks pass."""
     from .errors import JobFailure
     from .group import ActorGroup, GroupSpec, GroupStartError, group_name
     from .inputs import staged_inputs
+    from .locations import local_root
     from .worker import short_traceback
 
     settings = settings or RunSettings()
@@ -152,11 +297,24 @@ def run_local(job: VideoJob, out_dir: Path | None = None, on_progress: Callable[
     if plan.chosen is None:
         return {**_error("DoesNotFit", "plan", plan.reason), "exit": 3}
     layout = plan.chosen.to_json()
+    inputs_root = Path(os.path.abspath(inputs_dir if inputs_dir is not None else local_root("input")))
     try:
         directory, where = output_location(job, out_dir, settings)
         request = job_request(job, layout, directory.resolve())
-    except JobFailure as exc:  # a name or output uri that would leave its root: bad input, nothing written
+        check_inputs(request, inputs_root, inputs_setting)
+        field = output_field(job, out_dir)
+        if field == "spec.output.uri":
+            hint = ("pvc://CLAIM/path is under VIDEOJOB_VOLUMES_ROOT/CLAIM" if job.spec.output.uri.startswith("pvc://")
+                    else "local:// outputs go under VIDEOJOB_OUTPUT_ROOT") + "; --out overrides"
+        else:
+            hint = "" if field == "--out" else "VIDEOJOB_OUTPUT_ROOT names it; --out overrides"
+        make_output_dir(directory, field, f"--out {out_dir}" if out_dir is not None else where, hint)
+    except JobFailure as exc:  # a name, output place or input that is wrong: bad input, nothing written
         return {"ok": False, "error": exc.to_dict(), "exit": 1, "plan": layout}
+    reads_local = any(uri.startswith("local://") for _, uri in input_files(request))
+    if on_ready is not None:
+        on_ready({"output": where, "directory": str(directory), "inputs": str(inputs_root) if reads_local else None})
+    rank_env = {"VIDEOJOB_DATA_ROOT": str(inputs_root)} if reads_local else {}
     started = time.perf_counter()
     stage = "inputs"
     wall: dict[str, float] = {}
@@ -164,7 +322,7 @@ def run_local(job: VideoJob, out_dir: Path | None = None, on_progress: Callable[
         with staged_inputs(request, settings) as staged:
             wall["inputs"] = time.perf_counter() - started
             stage = "ray"
-            with embedded_ray(settings) as ray_info:
+            with embedded_ray(settings, env=rank_env) as ray_info:
                 wall["ray"] = time.perf_counter() - started - wall["inputs"]
                 stage = "start"
                 # The run owns its group: named after a fresh uid, as an operator's job names its own.

@@ -40,13 +40,21 @@ def _row(index: int, alt: Alternative) -> str:
     )
 
 
-def render_plan(spec: VideoJobSpec, inventory: Inventory, result: PlanResult, show_all: bool = False) -> str:
+def _size(value: int) -> str:
+    """GiB for a heading: 80, 141, 0.5 (never a size below 1 GiB shown as 0)."""
+    return f"{round(value / GiB, 2):g}"
+
+
+def render_plan(spec: VideoJobSpec, inventory: Inventory, result: PlanResult, show_all: bool = False,
+                fits_with: list[str] | None = None) -> str:
+    """The plan as a table; ``fits_with``: the caller's own single changes that
+    would make a plan that fits none fit (the CLI's flags), shown after the reason."""
     r = spec.resolved()
     lines = [
         f"Plan for {r.model.name} {r.video.width}x{r.video.height}, {r.video.frames} frames, "
         f"{r.sampling.steps} steps, guidance {r.sampling.guidance_scale}, {r.model.dtype}",
-        f"on up to {inventory.gpus_per_node} x {inventory.gpu_memory / GiB:.0f} GiB GPUs ({inventory.gpu_type}), "
-        f"{inventory.host_memory / GiB:.0f} GiB host RAM",
+        f"on up to {inventory.gpus_per_node} x {_size(inventory.gpu_memory)} GiB GPUs ({inventory.gpu_type}), "
+        f"{_size(inventory.host_memory)} GiB host RAM",
         "",
     ]
     if result.chosen:
@@ -66,7 +74,12 @@ def render_plan(spec: VideoJobSpec, inventory: Inventory, result: PlanResult, sh
             *_breakdown(c),
         ]
     else:
-        lines += [f"Nothing fits: {result.reason}"]
+        reason = result.reason
+        if reason.lower().startswith("nothing fits: "):  # the planner's own reason may open with it
+            reason = reason[len("nothing fits: "):]
+        lines += [f"Nothing fits: {reason}"]
+        if fits_with:
+            lines += [f"Would fit with: {'; or '.join(fits_with)}"]
     fitting = sum(a.fits for a in result.alternatives)
     lines += [
         "",
