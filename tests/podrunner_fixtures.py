@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers import REPO
 from podrunner_helpers import PYTHON_IMAGE, VENV_BIN, Api, RunnerProcess, alive, free_pod_cidr, leftovers
 
 
@@ -30,7 +31,9 @@ SHELL_IMAGE = "test/shell:1"
 def _image_map(path: Path) -> Path:
     path.write_text(yaml.safe_dump({"images": [
         {"image": "test/shell", "entrypoint": ["/bin/sh"], "env": {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}},
-        {"image": PYTHON_IMAGE, "cmd": ["python"],
+        # the venv and the checkout are this image's own files: shown behind the container's
+        # private /tmp when the checkout lies under /tmp (a CI clone)
+        {"image": PYTHON_IMAGE, "cmd": ["python"], "paths": [str(REPO), str(VENV_BIN.parent)],
          "env": {"PATH": f"{VENV_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                  "VIRTUAL_ENV": str(VENV_BIN.parent), "PYTHONUNBUFFERED": "1", "IMAGE_ONLY": "from-image",
                  "OVERRIDDEN": "image"}},

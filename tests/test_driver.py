@@ -257,7 +257,9 @@ def test_stop_mid_run_cancels_and_tears_the_group_down_within_seconds(cluster):
     job = wait_for(f"Ray job {sid} to be STOPPED", lambda: (j := cluster.client.job(sid)).terminal and j,
                    timeout=10, interval=0.1)
     assert job.status == "STOPPED", job
-    _assert_clean(cluster, request.group.name, timeout=max(1.0, 10 - (time.monotonic() - stopped_at)))
+    # Ray's State API shows the removal a little later than it happens: a busy 2-core
+    # machine took over 7 s; 20 s bounds it with room (the driver itself is STOPPED above).
+    _assert_clean(cluster, request.group.name, timeout=max(1.0, 20 - (time.monotonic() - stopped_at)))
     logs = cluster.client.logs(sid)
     last = list(records(logs))[-1]
     assert last["type"] == "result", f"the last record is not the result: {last}\n{logs[-3000:]}"
@@ -279,7 +281,9 @@ def test_stop_while_the_group_is_still_starting_removes_what_was_made(cluster):
     job = wait_for(f"Ray job {sid} to be STOPPED", lambda: (j := cluster.client.job(sid)).terminal and j,
                    timeout=10, interval=0.1)
     assert job.status == "STOPPED", job
-    _assert_clean(cluster, request.group.name, timeout=max(1.0, 10 - (time.monotonic() - stopped_at)))
+    # Ray's State API shows the removal a little later than it happens: a busy 2-core
+    # machine took over 7 s; 20 s bounds it with room (the driver itself is STOPPED above).
+    _assert_clean(cluster, request.group.name, timeout=max(1.0, 20 - (time.monotonic() - stopped_at)))
     result = result_of(cluster.client.logs(sid))
     assert result["error"]["reason"] == "Cancelled" and result["error"]["stage"] == "start", result
     assert result["removed"]["placementGroup"] is True
