@@ -155,8 +155,9 @@ class RayHead:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.token = token or secrets.token_hex(16)
+        # RAY_JOB_STOP_WAIT_TIME_S: as the chart and the embedded head set it
         self.env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token, "RAY_TMPDIR": str(root),
-                    "RAY_USAGE_STATS_ENABLED": "0"}
+                    "RAY_USAGE_STATS_ENABLED": "0", "RAY_JOB_STOP_WAIT_TIME_S": "10"}
         self.extra_env = dict(env or {})
         self._argv = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
                       f"--port={self.port}", "--node-ip-address=127.0.0.1", f"--temp-dir={self.temp_dir}",

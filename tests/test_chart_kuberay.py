@@ -179,6 +179,8 @@ def test_a_driver_may_wait_for_its_slot_as_long_as_a_placement(chart, ci):
     wait = int(ci_values(ci)["operator"]["settings"]["placementMaxWaitS"])
     for where, container in ray_containers(one(docs, "RayCluster")):
         assert env_of(container)["RAY_JOB_START_TIMEOUT_SECONDS"] == str(wait), where
+        # and a stopped driver has 10 s to tear its group down before Ray SIGKILLs it
+        assert env_of(container)["RAY_JOB_STOP_WAIT_TIME_S"] == "10", where
     docs = chart.render(ci, {"operator": {"settings": {"placementMaxWaitS": 7200}}})
     head = one(docs, "RayCluster")["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert env_of(head)["RAY_JOB_START_TIMEOUT_SECONDS"] == "7200"

@@ -10,7 +10,7 @@ start (the threads Ray creates inherit the mask) and taken by one thread with
 it is blocked in. That thread kills the group's actors and removes its
 placement group by name (also while ``ActorGroup.start`` is still creating
 them), removes the attempt's staged inputs, prints a ``Cancelled`` result and
-exits 143, within ``STOP_BUDGET_S``. From then on nothing the main thread
+exits 143, within ``stop_budget_s()``. From then on nothing the main thread
 prints reaches stdout.
 
 Nothing here imports ray at import time: the signal mask must be set first.
@@ -35,8 +35,20 @@ log = logging.getLogger("videojob.driver")
 NAMESPACE = "videojob"  # group.NAMESPACE (not imported here: that would import ray before the mask is set)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 EXIT_STOPPED = 128 + signal.SIGTERM
-# Ray SIGKILLs a stopped driver 3 s after SIGTERM (RAY_JOB_STOP_WAIT_TIME_S): tear down within this.
-STOP_BUDGET_S = 2.0
+# Ray's job supervisor SIGKILLs a stopped driver RAY_JOB_STOP_WAIT_TIME_S (default 3) seconds
+# after SIGTERM; the driver inherits the supervisor's environment, so it knows the value and
+# tears down within it, one second to spare. The chart and the embedded head set 10 s: on a
+# busy node removing a placement group alone took longer than the default allows.
+RAY_STOP_WAIT_DEFAULT_S = 3
+
+
+def stop_budget_s() -> float:
+    """Seconds the stopper may spend tearing the group down before it must exit."""
+    try:
+        wait = int(os.environ.get("RAY_JOB_STOP_WAIT_TIME_S", RAY_STOP_WAIT_DEFAULT_S))
+    except ValueError:
+        wait = RAY_STOP_WAIT_DEFAULT_S
+    return max(1.0, wait - 1.0)
 
 
 class _Out:
@@ -177,16 +189,17 @@ class Stopper(threading.Thread):
         torn_down = STATE.group_name is None  # nothing was created yet
         if STATE.group_name is not None and STATE.ray_ready:
             # Kill, then wait (within the budget) to see it gone: ``removed["gone"]``.
-            settle = max(0.0, STOP_BUDGET_S - 1.0)
+            budget = stop_budget_s()
+            settle = max(0.0, budget - 1.0)
             worker = threading.Thread(
                 target=lambda: removed.update(remove_group(STATE.group_name, STATE.world, settle_s=settle)),
                 name="videojob-teardown", daemon=True)
             worker.start()
-            worker.join(STOP_BUDGET_S)
+            worker.join(budget)
             torn_down = not worker.is_alive()
             if not torn_down:
                 log.error("tearing group %s down took longer than %.1fs: the operator must remove it "
-                          "(--teardown)", STATE.group_name, STOP_BUDGET_S)
+                          "(--teardown)", STATE.group_name, budget)
         if STATE.staging_dir:  # the finally that would remove it never runs after os._exit
             shutil.rmtree(STATE.staging_dir, ignore_errors=True)
         error: dict[str, Any] = {"reason": "Cancelled", "stage": stage,

@@ -180,6 +180,11 @@ for its resources (default 15 min): a driver waiting for a free vj-driver slot m
 long as a placement may (operator.settings.placementMaxWaitS). */}}
 - name: RAY_JOB_START_TIMEOUT_SECONDS
   value: {{ .Values.operator.settings.placementMaxWaitS | int | quote }}
+{{- /* Ray's job supervisor SIGKILLs a stopped driver this long after SIGTERM (default 3 s);
+the driver tears its group down within it (runtime stopping.py), which on a busy node
+took longer than the default allows. */}}
+- name: RAY_JOB_STOP_WAIT_TIME_S
+  value: "10"
 {{- with .Values.runtime.extraEnv }}
 {{ toYaml . }}
 {{- end }}

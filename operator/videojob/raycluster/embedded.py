@@ -79,8 +79,9 @@ def start_embedded_ray(num_cpus: int | None = None, timeout_s: float = 90.0,
     root = Path(tempfile.mkdtemp(prefix="vj-ray-", dir="/tmp"))  # Ray's socket paths must stay short
     token = secrets.token_hex(32)
     dashboard = _free_port()
+    # RAY_JOB_STOP_WAIT_TIME_S: as the chart sets it (a stopped driver's time to tear its group down)
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_TMPDIR": str(root),
-           "RAY_USAGE_STATS_ENABLED": "0", **(extra_env or {})}
+           "RAY_USAGE_STATS_ENABLED": "0", "RAY_JOB_STOP_WAIT_TIME_S": "10", **(extra_env or {})}
     env.pop("RAY_ADDRESS", None)  # never join a cluster found in the environment
     argv = [ray_command(), "start", "--head", "--block", f"--port={_free_port()}", "--node-ip-address=127.0.0.1",
             f"--temp-dir={root / 'ray'}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
