@@ -116,9 +116,13 @@ def _left(cluster: Cluster, prefix: str) -> dict[str, list]:
     return {"actors": actors, "placement_groups": pgs}
 
 
-def _assert_clean(cluster: Cluster, prefix: str, timeout: float = 30) -> None:
-    wait_for(f"no actor or placement group named {prefix}* in Ray",
-             lambda: not any((left := _left(cluster, prefix)).values()) or None, timeout=timeout)
+def _assert_clean(cluster: Cluster, prefix: str, timeout: float = 30, sid: str | None = None) -> None:
+    try:
+        wait_for(f"no actor or placement group named {prefix}* in Ray",
+                 lambda: not any(_left(cluster, prefix).values()) or None, timeout=timeout)
+    except TimeoutError as exc:
+        logs = cluster.client.logs(sid)[-3000:] if sid else ""
+        raise AssertionError(f"{exc}; left: {_left(cluster, prefix)}\n{logs}") from None
 
 
 # -- without Ray ------------------------------------------------------------------------
@@ -294,7 +298,7 @@ def test_stop_while_the_group_is_still_starting_removes_what_was_made(cluster):
     job = wait_for(f"Ray job {sid} to be STOPPED", lambda: (j := cluster.client.job(sid)).terminal and j,
                    timeout=15, interval=0.1)
     assert job.status == "STOPPED", job
-    _assert_clean(cluster, request.group.name, timeout=max(1.0, 20 - (time.monotonic() - stopped_at)))
+    _assert_clean(cluster, request.group.name, timeout=max(1.0, 20 - (time.monotonic() - stopped_at)), sid=sid)
     result = result_of(cluster.client.logs(sid))
     assert result["error"]["reason"] == "Cancelled" and result["error"]["stage"] == "start", result
     assert result["removed"]["placementGroup"] is True

@@ -145,7 +145,8 @@ def find_group(request: DriverRequest, on_wait=None):
     log.info("group=%s reused=false world=%d starting", spec.name, spec.world_size)
     group = ActorGroup.start(spec, timeout_s=request.placement_timeout_s, cpus_per_rank=g.cpus_per_rank,
                              node_type=g.node_type, max_wait_s=request.placement_max_wait_s,
-                             on_wait=on_wait, start_timeout_s=RunSettings().group_start_timeout_s)
+                             on_wait=on_wait, start_timeout_s=RunSettings().group_start_timeout_s,
+                             stopping=lambda: OUT.stopping)
     return group, False
 
 

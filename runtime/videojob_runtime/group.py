@@ -148,14 +148,17 @@ class ActorGroup:
     def start(cls, spec: GroupSpec, timeout_s: float = 300.0, cpus_per_rank: float | None = None,
               node_type: str | None = None, max_wait_s: float | None = None,
               on_wait: Callable[[dict[str, Any]], None] | None = None,
-              start_timeout_s: float | None = None) -> "ActorGroup":
+              start_timeout_s: float | None = None,
+              stopping: Callable[[], bool] | None = None) -> "ActorGroup":
         """Placement group (bounded by ``timeout_s``), then actors and rendezvous
         (each bounded by ``start_timeout_s``, default ``timeout_s``: a short
         placement timeout must not cut short the imports of ranks on a fresh
         worker). The placement waits longer while the autoscaler launches a node
         of ``node_type`` (``placement.wait_placed``: up to ``max_wait_s`` in all;
         ``on_wait`` gets its waiting records). Raises ``GroupStartError`` and
-        leaves nothing behind when any step fails."""
+        leaves nothing behind when any step fails. ``stopping()`` true (the driver
+        is being stopped): no further rank is created, so the stopper's teardown
+        sees every rank there will be."""
         start_s = timeout_s if start_timeout_s is None else start_timeout_s
         world = spec.world_size
         if spec.device == "cpu":
@@ -188,6 +191,8 @@ class ActorGroup:
             except NoPlacement as exc:
                 raise GroupStartError("NoPlacement", "placement", exc.message) from None
             for rank in range(world):
+                if stopping is not None and stopping():
+                    raise GroupStartError("Cancelled", "start", f"{spec.name}: stopped while starting")
                 group.actors.append(RankActor.options(
                     name=spec.actor_name(rank), namespace=NAMESPACE, lifetime="detached",
                     scheduling_strategy=PlacementGroupSchedulingStrategy(

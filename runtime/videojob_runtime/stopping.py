@@ -97,43 +97,52 @@ def remove_group(name: str, world: int = 0, settle_s: float = 0.0) -> dict[str, 
     ``NAME-rank<i>`` alive in the namespace) and remove its placement group,
     by name, whatever state they are in; missing ones are skipped. The
     placement group goes first, so an actor created meanwhile cannot be placed.
-    ``settle_s`` > 0: wait up to that long for the names to be released."""
-    import ray
-    from ray.util.placement_group import remove_placement_group
-
+    ``settle_s`` > 0: until the names are released (at most that long), kill
+    again whatever appears: while a stop tears the group down, the driver's main
+    thread may still be creating ranks (found under load: two ranks created
+    after the first pass stayed PENDING_CREATION, detached, for ever)."""
     removed: dict[str, Any] = {"placementGroup": False, "actors": []}
     # Removing the placement group kills the actors placed in it: these are the ones that were there.
     found = _actor_names(name, 0)
     for _ in range(2):  # a second pass for what the main thread created during the first
-        try:
-            pg = ray.util.get_placement_group(f"{name}-pg")
-        except ValueError:
-            pg = None
-        if pg is not None:
-            try:
-                remove_placement_group(pg)
-                removed["placementGroup"] = True
-            except Exception as exc:  # noqa: BLE001 - already removed
-                log.debug("placement group %s-pg: %s", name, exc)
-        for actor_name in sorted(_actor_names(name, world)):
-            try:
-                handle = ray.get_actor(actor_name, namespace=NAMESPACE)
-            except Exception:  # noqa: BLE001 - gone; or dying, its class already dropped from the GCS (Ray asserts)
-                continue
-            try:
-                ray.kill(handle, no_restart=True)
-            except Exception as exc:  # noqa: BLE001 - already dead
-                log.debug("actor %s: %s", actor_name, exc)
-                continue
-            if actor_name not in removed["actors"]:
-                removed["actors"].append(actor_name)
-    removed["actors"] = sorted(found | set(removed["actors"]))
+        _kill_pass(name, world, removed)
     if settle_s > 0:
         deadline = time.monotonic() + settle_s
         while group_present(name) and time.monotonic() < deadline:
             time.sleep(0.1)
+            _kill_pass(name, world, removed)
         removed["gone"] = not group_present(name)
+    removed["actors"] = sorted(found | set(removed["actors"]))
     return removed
+
+
+def _kill_pass(name: str, world: int, removed: dict[str, Any]) -> None:
+    """Remove group ``name``'s placement group and kill its named ranks, once."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    try:
+        pg = ray.util.get_placement_group(f"{name}-pg")
+    except ValueError:
+        pg = None
+    if pg is not None:
+        try:
+            remove_placement_group(pg)
+            removed["placementGroup"] = True
+        except Exception as exc:  # noqa: BLE001 - already removed
+            log.debug("placement group %s-pg: %s", name, exc)
+    for actor_name in sorted(_actor_names(name, world)):
+        try:
+            handle = ray.get_actor(actor_name, namespace=NAMESPACE)
+        except Exception:  # noqa: BLE001 - gone; or dying, its class already dropped from the GCS (Ray asserts)
+            continue
+        try:
+            ray.kill(handle, no_restart=True)
+        except Exception as exc:  # noqa: BLE001 - already dead
+            log.debug("actor %s: %s", actor_name, exc)
+            continue
+        if actor_name not in removed["actors"]:
+            removed["actors"].append(actor_name)
 
 
 def _actor_names(name: str, world: int) -> set[str]:
