@@ -51,8 +51,9 @@ E2E_CLUSTER_DIR = Path(os.environ.get("VIDEOJOB_E2E_CLUSTER_DIR") or REPO / ".cl
 
 
 def _cluster_required() -> bool:
-    return (os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
-            or os.environ.get("VIDEOJOB_REQUIRE_CLUSTER", "").strip() == "1")
+    from helpers import cluster_required  # one rule for fixtures and require_module
+
+    return cluster_required()
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -314,7 +315,9 @@ def namespace(kube_cluster: KubeCluster):
 def ray_session():
     """One embedded local Ray for every runtime test (its own temp dir and token:
     nothing on the machine is attached to, and nothing is left behind)."""
-    pytest.importorskip("ray")
+    from helpers import require_module
+
+    require_module("ray")
     from videojob_runtime.local import embedded_ray
 
     with embedded_ray(num_cpus=2) as info:

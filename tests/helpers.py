@@ -44,6 +44,30 @@ def wait_for(what: str, probe: Callable[[], T], timeout: float = 30.0, interval:
     return last
 
 
+def cluster_required() -> bool:
+    """CI=true or VIDEOJOB_REQUIRE_CLUSTER=1: what a test needs must be there; it fails, never skips."""
+    return (os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+            or os.environ.get("VIDEOJOB_REQUIRE_CLUSTER", "").strip() == "1")
+
+
+def require_module(name: str, reason: str | None = None):
+    """The module ``name``; when it is missing, skip (as ``pytest.importorskip``), except
+    where the cluster is required (``cluster_required``): there a missing module (the
+    runtime extra not installed) fails the test instead, naming what is missing."""
+    import importlib
+
+    import pytest
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        why = f"{name} cannot be imported ({exc})" + (f": {reason}" if reason else "")
+        if not cluster_required():
+            pytest.skip(why, allow_module_level=True)
+        pytest.fail(f"{why}; CI=true or VIDEOJOB_REQUIRE_CLUSTER=1 says nothing may be skipped: install the "
+                    "runtime extra", pytrace=False)
+
+
 def ray_census(prefix: str) -> dict[str, list[str]]:
     """Live placement groups and actors whose names start with ``prefix``."""
     import ray

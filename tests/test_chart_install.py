@@ -36,6 +36,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 import yaml
 
 from chart_install_support import (CHART, DRIVERS, EMBEDDED_VALUES, GPU_CLASSES, INSTANCE, RELEASE,
@@ -281,8 +282,8 @@ def test_operator_runs_a_job_under_the_charts_rbac_and_inventory(full_cluster, h
     chart made (its token; the chart's Role in the watched namespace is all it is granted),
     with the Deployment's environment and the inventory ConfigMap's file where the pod
     would see them (every absolute path under a temp root); a tiny job Succeeds."""
-    pytest.importorskip("ray")
-    pytest.importorskip("xfuser")
+    require_module("ray")
+    require_module("xfuser")
     from operator_harness import OperatorProcess, create, tiny_job, wait_phase
 
     system, jobs = full_namespaces(), full_namespaces()

@@ -27,6 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 import yaml
 
 from helpers import REPO
@@ -35,7 +36,7 @@ from videojob.api import InvalidVideoJob, VideoJob, parse_videojob
 from videojob.api.uris import uri_problem
 from videojob.settings import RunSettings
 
-pytest.importorskip("torch")
+require_module("torch")
 
 from videojob_runtime.errors import JobFailure  # noqa: E402
 from videojob_runtime.locations import resolve  # noqa: E402

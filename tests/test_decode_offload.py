@@ -5,9 +5,10 @@ the next job on the warm group finds the denoiser back."""
 from __future__ import annotations
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 
-ray = pytest.importorskip("ray")
-pytest.importorskip("xfuser")
+ray = require_module("ray")
+require_module("xfuser")
 
 from videojob.catalog import get_model  # noqa: E402
 from videojob_runtime.group import ActorGroup, GroupSpec  # noqa: E402

@@ -21,11 +21,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 
-pytest.importorskip("torch")
-pytest.importorskip("xfuser")
-pytest.importorskip("ray")
-pytest.importorskip("aiohttp_cors", reason="Ray's Jobs API (the dashboard) needs ray[default]")
+require_module("torch")
+require_module("xfuser")
+require_module("ray")
+require_module("aiohttp_cors", reason="Ray's Jobs API (the dashboard) needs ray[default]")
 
 from helpers import REPO, RayHead, wait_for  # noqa: E402
 from videojob.driver_protocol import (  # noqa: E402

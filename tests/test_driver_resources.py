@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 
 from helpers import RayHead, free_port, wait_for
 from videojob.controller.groups import DriverLaunch
@@ -120,8 +121,8 @@ class WorkerNode:
 
 @pytest.fixture(scope="module")
 def ray_head():
-    pytest.importorskip("ray")
-    pytest.importorskip("aiohttp_cors", reason="Ray's Jobs API (the dashboard) needs ray[default]")
+    require_module("ray")
+    require_module("aiohttp_cors", reason="Ray's Jobs API (the dashboard) needs ray[default]")
     with RayHead(num_cpus=1, dashboard=True) as head:
         yield head
 

@@ -26,6 +26,7 @@ import sys
 import uuid
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 
 from helpers import RayHead, wait_for
 from operator_harness import python_without_runtime
@@ -77,8 +78,8 @@ def test_an_explicit_driver_python_wins_and_address_mode_keeps_the_images_python
 
 @pytest.fixture(scope="module")
 def ray_client():
-    pytest.importorskip("ray")
-    pytest.importorskip("aiohttp_cors", reason="Ray's Jobs API (the dashboard) needs ray[default]")
+    require_module("ray")
+    require_module("aiohttp_cors", reason="Ray's Jobs API (the dashboard) needs ray[default]")
     with RayHead(num_cpus=1, dashboard=True, env={"OMP_NUM_THREADS": "1"}) as head:
         yield HttpRayClient(head.dashboard_url, token=head.token)
 

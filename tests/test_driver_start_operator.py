@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 
-pytest.importorskip("ray")
-pytest.importorskip("aiohttp_cors", reason="Ray's Jobs API (the dashboard) needs ray[default]")
+require_module("ray")
+require_module("aiohttp_cors", reason="Ray's Jobs API (the dashboard) needs ray[default]")
 
 from helpers import RayHead  # noqa: E402
 from operator_harness import python_without_runtime  # noqa: E402

@@ -50,11 +50,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 import yaml
 
-pytest.importorskip("ray")
-pytest.importorskip("torch")  # a CPU rank builds a torch worker
-pytest.importorskip("xfuser")  # and a 4-rank group rendezvouses through xfuser's groups
+require_module("ray")
+require_module("torch")  # a CPU rank builds a torch worker
+require_module("xfuser")  # and a 4-rank group rendezvouses through xfuser's groups
 
 from helpers import REPO, RayHead, free_port, wait_for  # noqa: E402
 from videojob.inventory import class_resource  # noqa: E402

@@ -9,8 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 
-pytest.importorskip("torch")
+require_module("torch")
 
 from helpers import REPO  # noqa: E402
 

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 
-pytest.importorskip("torch")
-pytest.importorskip("xfuser")
+require_module("torch")
+require_module("xfuser")
 
 from videojob.api import parse_spec  # noqa: E402
 from videojob.catalog import CATALOG, get_model  # noqa: E402

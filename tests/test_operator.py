@@ -15,9 +15,10 @@ import time
 from collections import Counter
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 
-pytest.importorskip("ray")
-pytest.importorskip("xfuser")
+require_module("ray")
+require_module("xfuser")
 
 from helpers import REPO, RayHead, free_port, wait_for  # noqa: E402
 from operator_harness import (  # noqa: E402

@@ -4,9 +4,10 @@ calibration never saw: activation estimates must agree within 10%."""
 from __future__ import annotations
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 
-pytest.importorskip("torch")
-pytest.importorskip("diffusers")
+require_module("torch")
+require_module("diffusers")
 
 from videojob.catalog import get_model  # noqa: E402
 from videojob.planner import Job, Layout, MemoryEstimate, load_calibration  # noqa: E402

@@ -11,10 +11,11 @@ import resource
 from pathlib import Path
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("diffusers")
-pytest.importorskip("transformers")
+torch = require_module("torch")
+require_module("diffusers")
+require_module("transformers")
 
 from videojob.catalog import MODEL_IDS, get_model  # noqa: E402
 from videojob_runtime.configs import build_component, component_configs  # noqa: E402

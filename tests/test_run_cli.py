@@ -15,10 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 
-pytest.importorskip("torch")
-pytest.importorskip("xfuser")
-pytest.importorskip("ray")
+require_module("torch")
+require_module("xfuser")
+require_module("ray")
 
 from helpers import REPO, RayHead  # noqa: E402
 from videojob_runtime.output import probe_mp4  # noqa: E402

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 
-pytest.importorskip("torch")
-pytest.importorskip("xfuser")
-ray = pytest.importorskip("ray")
+require_module("torch")
+require_module("xfuser")
+ray = require_module("ray")
 
 from helpers import wait_for  # noqa: E402
 from videojob_runtime.group import ActorGroup, GroupSpec  # noqa: E402

@@ -15,9 +15,10 @@ import sys
 from dataclasses import replace
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 import yaml
 
-pytest.importorskip("torch")
+require_module("torch")
 
 from helpers import REPO  # noqa: E402
 from videojob_runtime.request import SIZES, JobRequest  # noqa: E402

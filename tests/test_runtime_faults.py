@@ -15,10 +15,11 @@ import threading
 import time
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 
-pytest.importorskip("torch")
-pytest.importorskip("xfuser")
-ray = pytest.importorskip("ray")
+require_module("torch")
+require_module("xfuser")
+ray = require_module("ray")
 
 from helpers import ray_census, wait_for, wait_until_clean  # noqa: E402
 from videojob_runtime.group import ActorGroup, GroupSpec, GroupStartError  # noqa: E402
@@ -62,6 +63,35 @@ def test_a_failed_start_leaves_nothing(ray_session, fault, reason, stage):
         _start(name, **fault)
     assert info.value.reason == reason and info.value.stage == stage
     assert "injected fault" in info.value.message
+    wait_until_clean(name)
+
+
+@pytest.mark.parametrize("fault,stage,rank", [
+    ({"inject_start_exit": (1,)}, "actors", 1),
+    ({"rendezvous_fault": {"stage": "rendezvous", "rank": 0, "kind": "exit"}}, "rendezvous", 0),
+    ({"rendezvous_fault": {"stage": "rendezvous", "rank": 1, "kind": "exit"}}, "rendezvous", 1),
+], ids=["actors-rank1", "rendezvous-rank0", "rendezvous-rank1"])
+def test_a_rank_process_dying_while_the_group_forms_is_a_lost_rank(ray_session, fault, stage, rank):
+    """A dead process is ActorDied (the operator retries it), not the stage's own
+    reason, which says the start would fail again."""
+    name = f"vj-fault-died-{stage}-{rank}"
+    with pytest.raises(GroupStartError) as info:
+        _start(name, **fault)
+    error = info.value.to_dict()
+    assert (error["reason"], error["stage"], error.get("rank")) == ("ActorDied", stage, rank), error
+    assert "died" in error["message"], error
+    wait_until_clean(name)
+
+
+def test_a_rendezvous_timing_out_with_every_rank_alive_is_not_a_lost_rank(ray_session):
+    """Rank 1 never joins but stays alive: RendezvousFailed, which would repeat."""
+    name = "vj-fault-rendezvous-timeout"
+    stall = {"stage": "rendezvous", "rank": 1, "kind": "stall", "seconds": 600.0}
+    with pytest.raises(GroupStartError) as info:
+        ActorGroup.start(GroupSpec(name, ulysses=2, rendezvous_fault=stall), timeout_s=60, cpus_per_rank=0.5,
+                         start_timeout_s=60)
+    assert (info.value.reason, info.value.stage) == ("RendezvousFailed", "rendezvous"), info.value.message
+    assert "rank" not in info.value.to_dict()
     wait_until_clean(name)
 
 

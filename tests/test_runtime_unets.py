@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 
-pytest.importorskip("torch")
-pytest.importorskip("diffusers")
+require_module("torch")
+require_module("diffusers")
 
 from helpers import REPO  # noqa: E402
 from videojob_runtime.output import probe_mp4  # noqa: E402

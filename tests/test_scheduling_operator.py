@@ -18,10 +18,11 @@ import time
 import uuid
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 import yaml
 
-pytest.importorskip("ray")
-pytest.importorskip("xfuser")
+require_module("ray")
+require_module("xfuser")
 
 from helpers import wait_for  # noqa: E402
 from operator_harness import OperatorProcess, create, tiny_job, videojob, wait_phase  # noqa: E402

@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 
 from helpers import RayHead, wait_for
 from test_containment import https_server  # noqa: F401 - the https server fixture (and its CA)
@@ -113,8 +114,8 @@ def test_a_rank_that_cannot_see_a_staged_file_names_the_setting(tmp_path, monkey
 
 def test_a_rank_reports_it_as_the_jobs_error(tmp_path):
     """Through a real rank (RankWorker): the job fails in stage inputs with that message."""
-    pytest.importorskip("torch")
-    pytest.importorskip("xfuser")
+    require_module("torch")
+    require_module("xfuser")
     from videojob_runtime.worker import JobRequest, RankWorker
 
     elsewhere = tmp_path / f"{PREFIX}ns-job-a1-x9y8"
@@ -131,9 +132,9 @@ def test_a_rank_reports_it_as_the_jobs_error(tmp_path):
 
 @pytest.fixture(scope="module")
 def staged_cluster(https_server, tmp_path_factory):  # noqa: F811
-    pytest.importorskip("torch")
-    pytest.importorskip("xfuser")
-    pytest.importorskip("aiohttp_cors", reason="Ray's Jobs API (the dashboard) needs ray[default]")
+    require_module("torch")
+    require_module("xfuser")
+    require_module("aiohttp_cors", reason="Ray's Jobs API (the dashboard) needs ray[default]")
     from videojob.raycluster.client import HttpRayClient
 
     root = tmp_path_factory.mktemp("staging-driver")

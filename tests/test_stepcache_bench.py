@@ -15,9 +15,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers import require_module  # noqa: E402 - a skip, or a failure where required
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("diffusers")
+torch = require_module("torch")
+require_module("diffusers")
 
 from helpers import REPO  # noqa: E402
 from videojob.catalog import Family, get_model  # noqa: E402

@@ -1,11 +1,17 @@
 """Prometheus metrics (``videojob_*``) and the liveness endpoint, on one port.
 
 GET /metrics   the registry, in the Prometheus text format
-GET /healthz   200 "ok" while the operator's loop is alive (``alive()``), else 503
+GET /healthz   200 "ok ..." while ``health()`` says so, else 503 with what is stale (videojob/health.py)
+
+A thread per connection, each with a socket timeout: a scraper or client that
+connects and sends nothing must not keep the liveness probe from an answer.
 """
 
 from __future__ import annotations
 
+import socket
+import socketserver
+import sys
 import threading
 from typing import Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -73,22 +79,40 @@ class Metrics:
             self._models_seen = seen | set(snapshot["idleGroupsByModel"])
 
 
+CLIENT_TIMEOUT_S = 10.0  # a connection that sends (or reads) nothing for this long is dropped
+
+
 class _Quiet(WSGIRequestHandler):
+    timeout = CLIENT_TIMEOUT_S  # StreamRequestHandler sets it on the socket
+
     def log_message(self, *args) -> None:  # scrapes every few seconds: not worth a log line
         pass
 
 
-def serve(metrics: Metrics, port: int, alive: Callable[[], bool], host: str = "0.0.0.0") -> tuple[WSGIServer, int]:
-    """Serve /metrics and /healthz on ``port`` (0: a free one) in a daemon thread; returns (server, port)."""
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a stuck client's thread must not hold up the process's exit
+    block_on_close = False
+
+    def handle_error(self, request, client_address) -> None:
+        if isinstance(sys.exc_info()[1], (socket.timeout, ConnectionError)):
+            return  # a client that went quiet or away: nothing to report
+        super().handle_error(request, client_address)
+
+
+def serve(metrics: Metrics, port: int, health: Callable[[], tuple[bool, str]],
+          host: str = "0.0.0.0") -> tuple[WSGIServer, int]:
+    """Serve /metrics and /healthz on ``port`` (0: a free one) in a daemon thread; returns (server, port).
+    ``health()``: (healthy, the body to answer)."""
     metrics_app = make_wsgi_app(metrics.registry)
 
     def app(environ, start_response):
         if environ.get("PATH_INFO") == "/healthz":
-            ok = alive()
-            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
-            return [b"ok\n" if ok else b"not ready\n"]
+            ok, body = health()
+            start_response("200 OK" if ok else "503 Service Unavailable",
+                           [("Content-Type", "text/plain; charset=utf-8")])
+            return [body.encode()]
         return metrics_app(environ, start_response)
 
-    server = make_server(host, port, app, handler_class=_Quiet)
+    server = make_server(host, port, app, server_class=_ThreadingServer, handler_class=_Quiet)
     threading.Thread(target=server.serve_forever, name="videojob-metrics", daemon=True).start()
     return server, server.server_port

@@ -142,6 +142,16 @@ class OperatorSettings(BaseSettings):
                                          "before it is torn down; 0: never keep groups after a job.")
     sweep_interval_s: float = Field(default=15.0, gt=0,
                                     description="Seconds between sweeps of idle-group TTLs and ownerless groups.")
+    ray_job_retention_s: float = Field(
+        default=300.0, ge=0,
+        description="Seconds a finished driver whose end the operator did not get to delete (it crashed between "
+                    "writing the attempt's end and deleting the driver) stays in Ray's job table before the "
+                    "sweeper deletes it; also the least seconds between the sweeper's looks at the whole table.")
+    health_stall_s: float = Field(
+        default=60.0, ge=1.0,
+        description="/healthz answers 503 (the liveness probe fails) when kopf's event loop, or the Admissions "
+                    "lock, has shown no progress for this many seconds; the heartbeats come every "
+                    "min(5, this / 4) seconds, whether or not there are jobs.")
     max_attempts: int = Field(default=3, ge=1, le=20,
                               description="Attempts a job gets (out-of-memory re-plans and lost-rank retries "
                                           "included) before it fails with its whole story in status.")

@@ -127,8 +127,10 @@ def find_group(request: DriverRequest, on_wait=None):
     from .group import ActorGroup, GroupSpec, GroupStartError
 
     g = request.group
+    fault = request.job.get("inject_fault")  # test hook: a fault in the group's rendezvous
     spec = GroupSpec(name=g.name, ulysses=g.ulysses, ring=g.ring, cfg=g.cfg, device=g.device,
-                     bundle_resources=dict(g.bundle_resources))
+                     bundle_resources=dict(g.bundle_resources),
+                     rendezvous_fault=fault if fault and fault.get("stage") == "rendezvous" else None)
     if group_present(spec.name):
         group, problem = _check(spec)
         if problem is None:

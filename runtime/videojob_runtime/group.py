@@ -18,11 +18,24 @@
   killed. Unless the failure was agreed by all ranks (cancel) or refused
   before the job began, the group is torn down: its communicator may be
   broken. A rank whose actor died is reported as ``ActorDied`` with its rank.
+* A group that does not form is told apart by whether a rank is gone. A rank
+  whose process or node died (SIGKILL, the OOM killer, a lost pod) while the
+  actors start or meet is ``ActorDied`` with its rank and stage: the same lost
+  rank as one that dies a moment later in a job, which the operator retries.
+  With every rank alive the failure keeps its own reason and is not retried,
+  because it would repeat: an actor whose ``__init__`` raised
+  (``ActorStartFailed``: an import or a setting that fails), a rank whose
+  ``init_distributed`` raised or a rendezvous that timed out
+  (``RendezvousFailed``: an address the peers cannot reach, a bad layout).
+  The first error Ray hands back may be a survivor's (its peer's store went
+  away), so after any failure every rank is asked whether it is alive.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -32,23 +45,28 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from .placement import Autoscaler, NoPlacement, wait_placed
-from .request import JobRequest
+from .request import FaultInjection, JobRequest
 from .worker import RankWorker
 
 NAMESPACE = "videojob"
 from videojob.driver_protocol import GROUP_PREFIX  # noqa: E402 - one definition
 log = logging.getLogger("videojob.runtime.group")
+# After a start step failed: how long every rank may take to say it is alive.
+DEATH_PROBE_S = 20.0
 
 
 class GroupStartError(RuntimeError):
     """A group could not start; ``reason`` and ``stage`` say where (nothing was left behind)."""
 
-    def __init__(self, reason: str, stage: str, message: str):
+    def __init__(self, reason: str, stage: str, message: str, rank: int | None = None):
         super().__init__(message)
-        self.reason, self.stage, self.message = reason, stage, message
+        self.reason, self.stage, self.message, self.rank = reason, stage, message, rank
 
     def to_dict(self) -> dict[str, Any]:
-        return {"reason": self.reason, "stage": self.stage, "message": self.message}
+        out: dict[str, Any] = {"reason": self.reason, "stage": self.stage, "message": self.message}
+        if self.rank is not None:
+            out["rank"] = self.rank
+        return out
 
 
 @ray.remote(max_concurrency=4)
@@ -56,9 +74,11 @@ class RankActor:
     """Ray wrapper of RankWorker; spare threads answer progress/cancel during a run."""
 
     def __init__(self, rank: int, world_size: int, ulysses: int, ring: int, cfg: int, device: str,
-                 fail_on_start: bool = False):
+                 fail_on_start: bool = False, exit_on_start: bool = False):
         if fail_on_start:  # test hook: an actor that cannot start (GroupSpec.inject_start_fault)
             raise RuntimeError(f"injected fault: rank {rank} failed to start")
+        if exit_on_start:  # test hook: its process dies while it starts (GroupSpec.inject_start_exit)
+            os._exit(17)
         self.worker = RankWorker(rank, world_size, ulysses, ring, cfg, device)
 
     def ready(self):
@@ -67,9 +87,12 @@ class RankActor:
     def rendezvous_address(self):
         return self.worker.rendezvous_address(ray.util.get_node_ip_address())
 
-    def init_distributed(self, addr: str, port: int, timeout_s: float, fail: bool = False):
+    def init_distributed(self, addr: str, port: int, timeout_s: float, fail: bool = False,
+                         fault: dict[str, Any] | None = None):
         if fail:  # test hook: a rendezvous that fails on this rank
             raise RuntimeError(f"injected fault: rank {self.worker.rank} failed the rendezvous")
+        if fault is not None:  # test hook: GroupSpec.rendezvous_fault
+            _rendezvous_fault(FaultInjection(**fault), self.worker.rank)
         return self.worker.init_distributed(addr, port, timeout_s)
 
     def run(self, request: dict):
@@ -86,6 +109,33 @@ class RankActor:
 
     def shutdown(self):
         self.worker.shutdown()
+
+
+_RAY_HINTS = re.compile(r"\s+(?:There are some potential root causes|Common causes include|Some common causes)")
+
+
+def _headline(exc: BaseException, limit: int = 300) -> str:
+    """The line of a Ray error that says what happened: why the actor is dead, else the
+    last line (the exception a method or ``__init__`` raised); the rest are ids and hints."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    said = next((line for line in lines if "is dead because" in line), None)  # a process or node died
+    if said is None:
+        said = lines[-1] if lines else type(exc).__name__
+    said = _RAY_HINTS.split(said)[0]
+    return said if len(said) <= limit else said[:limit] + "..."
+
+
+def _rendezvous_fault(fault: FaultInjection, rank: int) -> None:
+    """A test fault on ``rank`` before it joins the process group (its peers may already wait in it)."""
+    if not fault.applies("rendezvous", rank):
+        return
+    if fault.kind == "stall":
+        time.sleep(fault.seconds)
+    elif fault.kind == "exit":
+        log.error("injected fault: exiting the process in the rendezvous on rank %d", rank)
+        os._exit(17)
+    else:
+        raise RuntimeError(f"injected fault: rank {rank} failed the rendezvous")
 
 
 def _gcs_address() -> str | None:
@@ -120,9 +170,12 @@ class GroupSpec:
     # Extra resources every bundle (and its rank's actor) asks for: a GPU class's custom
     # resource; "CPU"/"GPU" here override the device's defaults.
     bundle_resources: dict[str, float] = field(default_factory=dict)
-    # Test hooks: ranks whose actor fails to start, or fails the rendezvous.
+    # Test hooks: ranks whose actor fails to start, or whose process exits while it
+    # starts, or that fail the rendezvous; a FaultInjection dict of stage "rendezvous".
     inject_start_fault: tuple[int, ...] = ()
+    inject_start_exit: tuple[int, ...] = ()
     inject_rendezvous_fault: tuple[int, ...] = ()
+    rendezvous_fault: dict[str, Any] | None = None
 
     @property
     def world_size(self) -> int:
@@ -199,11 +252,13 @@ class ActorGroup:
                         placement_group=group.pg, placement_group_bundle_index=rank),
                     **actor_resources,
                 ).remote(rank, world, spec.ulysses, spec.ring, spec.cfg, spec.device,
-                         rank in spec.inject_start_fault))
+                         rank in spec.inject_start_fault, rank in spec.inject_start_exit))
             group._wait_all("actors", "ActorStartFailed", [a.ready.remote() for a in group.actors], start_s)
-            addr, port = ray.get(group.actors[0].rendezvous_address.remote(), timeout=start_s)
+            addr, port = group._wait_all("rendezvous", "RendezvousFailed",
+                                         [group.actors[0].rendezvous_address.remote()], start_s)[0]
             group._wait_all("rendezvous", "RendezvousFailed",
-                            [a.init_distributed.remote(addr, port, start_s, rank in spec.inject_rendezvous_fault)
+                            [a.init_distributed.remote(addr, port, start_s, rank in spec.inject_rendezvous_fault,
+                                                       spec.rendezvous_fault)
                              for rank, a in enumerate(group.actors)], start_s)
         except BaseException as exc:
             group.teardown()
@@ -213,15 +268,38 @@ class ActorGroup:
         return group
 
     def _wait_all(self, stage: str, reason: str, refs: list, timeout_s: float) -> list:
+        """Every ref's value; else ``GroupStartError``: ``ActorDied`` naming the first rank
+        whose actor is gone, ``reason`` when every rank is alive (see the module's notes)."""
         try:
             return ray.get(refs, timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
-            raise GroupStartError(reason, stage, f"{self.spec.name}: {stage} did not finish within "
-                                                 f"{timeout_s:.0f}s") from None
+            problem = f"{stage} did not finish within {timeout_s:.0f}s"
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
-            first = str(exc).strip().splitlines()
-            raise GroupStartError(reason, stage, f"{self.spec.name}: {stage} failed: "
-                                                 f"{first[-1] if first else type(exc).__name__}") from None
+            problem = f"{stage} failed: {_headline(exc)}"
+        dead = self._dead_ranks()
+        if dead:
+            rank, why = dead[0]
+            others = f" (ranks {[r for r, _ in dead]} are gone)" if len(dead) > 1 else ""
+            raise GroupStartError("ActorDied", stage, f"{self.spec.name}: rank {rank}'s actor died during "
+                                                      f"{stage}{others}: {why}", rank=rank)
+        raise GroupStartError(reason, stage, f"{self.spec.name}: {problem}")
+
+    def _dead_ranks(self, within_s: float = DEATH_PROBE_S) -> list[tuple[int, str]]:
+        """(rank, Ray's word) for each rank whose actor is gone: its process or node died.
+        An actor whose ``__init__`` raised is not (it would fail again); one that does
+        not answer within ``within_s`` is not known to be gone."""
+        probes = [actor.health.remote() for actor in self.actors]
+        ray.wait(probes, num_returns=len(probes), timeout=within_s)
+        dead = []
+        for rank, probe in enumerate(probes):
+            try:
+                ray.get(probe, timeout=0)
+            except ray.exceptions.RayActorError as exc:
+                if not exc.actor_init_failed:
+                    dead.append((rank, _headline(exc)))
+            except Exception:  # noqa: BLE001 - no answer yet, or its health failed: alive as far as known
+                pass
+        return dead
 
     @classmethod
     def attach(cls, spec: GroupSpec) -> "ActorGroup":

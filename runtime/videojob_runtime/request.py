@@ -16,6 +16,9 @@ from videojob.api.uris import name_problem
 
 STAGES = ("load", "inputs", "encode", "denoise", "decode", "write")
 FAULT_KINDS = ("error", "oom", "exit", "stall")
+# Stages of the group's start, not of a job: the driver hands such a fault to
+# ``GroupSpec.rendezvous_fault`` (a rank's process dying while the group forms).
+GROUP_STAGES = ("rendezvous",)
 # "full": the model as published (or the tiny model as catalogued). "medium": the
 # benchmarks' size of a full-size DiT (configs.MEDIUM_SIZES: published widths,
 # fewer layers, random weights, prompts at the medium size's length).
@@ -30,6 +33,8 @@ class FaultInjection:
     a CUDA OOM would), "exit" kills the rank's process (a lost actor),
     "stall" sleeps ``seconds`` (a slow stage: time to cancel it, or to time out).
     ``step``: for the denoise stage, the step (1-based) after which it fails.
+    ``stage`` "rendezvous" (``GROUP_STAGES``): in the rank's ``init_distributed``,
+    before it joins the process group ("oom" has no meaning there).
     """
 
     stage: str
@@ -39,10 +44,12 @@ class FaultInjection:
     seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.stage not in STAGES:
-            raise ValueError(f"FaultInjection.stage must be one of {STAGES}, got {self.stage!r}")
+        if self.stage not in STAGES + GROUP_STAGES:
+            raise ValueError(f"FaultInjection.stage must be one of {STAGES + GROUP_STAGES}, got {self.stage!r}")
         if self.kind not in FAULT_KINDS:
             raise ValueError(f"FaultInjection.kind must be one of {FAULT_KINDS}, got {self.kind!r}")
+        if self.stage in GROUP_STAGES and self.kind == "oom":
+            raise ValueError(f"FaultInjection.kind 'oom' applies to job stages {STAGES}, not {self.stage!r}")
 
     def applies(self, stage: str, rank: int, step: int | None = None) -> bool:
         if stage != self.stage or (self.rank is not None and rank != self.rank):

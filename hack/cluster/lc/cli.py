@@ -1,4 +1,4 @@
-"""The commands (up, down, status, release, token, kubeconfig-for) and their
+"""The commands (up, down, status, release, restart-apiserver, token, kubeconfig-for) and their
 argument parser; hack/cluster/localcluster.py calls main()."""
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import signal
 
 from . import cluster
 from .binaries import resolve_bin_dir
-from .cluster import components, health, healthy, start_cluster, stop_all
+from .cluster import components, health, healthy, start_cluster, steps_of, stop_all
+from .controlplane import restart_apiserver
 from .common import ClusterError, Paths, cluster_dir, locked, log, read_state, write_state
 from .nodes import FAKE_NODES
 from .pods import RUNNER_NODES
@@ -123,6 +124,17 @@ def cmd_release(args) -> int:
     return 0
 
 
+def cmd_restart_apiserver(args) -> int:
+    paths = cluster_dir(args.cluster_dir)
+    with locked(paths, "restart-apiserver"):
+        state = read_state(paths)
+        if not state or not healthy(state, paths):
+            raise ClusterError(f"no healthy cluster in {paths.root} to restart the API server of")
+        pid = restart_apiserver(paths, state, steps_of(state), args.timeout)
+    print(json.dumps({"server": state["server"], "pid": pid}))
+    return 0
+
+
 def cmd_status(args) -> int:
     paths = cluster_dir(args.cluster_dir)
     state = read_state(paths)
@@ -203,6 +215,11 @@ def parser(description: str | None = None) -> argparse.ArgumentParser:
     rel = sub.add_parser("release", help="unregister a holder (see up --holder)")
     rel.add_argument("--holder", type=int, required=True)
     rel.set_defaults(func=cmd_release)
+
+    ra = sub.add_parser("restart-apiserver",
+                        help="stop kube-apiserver and start it again, same port and flags (etcd keeps its data)")
+    ra.add_argument("--timeout", type=float, default=180, help="seconds to wait for /readyz (default 180)")
+    ra.set_defaults(func=cmd_restart_apiserver)
 
     for name, func, hlp in (("token", cmd_token, "print a ServiceAccount token"),
                             ("kubeconfig-for", cmd_kubeconfig_for,

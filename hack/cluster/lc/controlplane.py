@@ -17,6 +17,7 @@ import os
 import ssl
 import subprocess
 import time
+from pathlib import Path
 
 from .binaries import etcd_binary
 from .client import admin_ssl_context, api, http_ok, insecure_ctx
@@ -234,3 +235,13 @@ ETCD = Etcd()
 APISERVER = KubeApiserver()
 CONTROLLER_MANAGER = KubeControllerManager()
 SCHEDULER = KubeScheduler()
+
+
+def restart_apiserver(paths: Paths, state: dict, steps: tuple, timeout: float = 180) -> int:
+    """Stop kube-apiserver and start it again with the same flags and port (etcd
+    and its data are untouched): an API server outage, for the chaos soak. The
+    new pid is recorded in the state; ``steps`` are the cluster's (its admission
+    plugins). Returns the new pid."""
+    run = Run(paths=paths, state=state, bin_dir=Path(state["bin_dir"]), timeout=timeout, steps=steps, tools={})
+    APISERVER.stop(state)
+    return APISERVER.start(run).pid

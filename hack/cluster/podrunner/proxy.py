@@ -48,7 +48,8 @@ def listen_in_netns(netns_path: str, host: str, port: int) -> socket.socket:
     return result["sock"]
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+def pump(src: socket.socket, dst: socket.socket) -> None:
+    """Copy ``src`` to ``dst`` until ``src`` ends, then half-close ``dst``."""
     try:
         while True:
             data = src.recv(65536)
@@ -123,9 +124,9 @@ class ApiProxy:
             return
         up.settimeout(None)
         debug("apiserver proxy: connection", pod=who)
-        t = threading.Thread(target=_pump, args=(up, conn), daemon=True)
+        t = threading.Thread(target=pump, args=(up, conn), daemon=True)
         t.start()
-        _pump(conn, up)
+        pump(conn, up)
         t.join()
         conn.close()
         up.close()

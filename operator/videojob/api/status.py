@@ -60,6 +60,7 @@ class Reason(str, Enum):
     WAITING_FOR_PLACEMENT = "WaitingForPlacement"  # ... while nothing is launching (placement_timeout_s counts)
     NO_PLACEMENT = "NoPlacement"  # nothing could place the group: re-queued, or failed after the requeue limit
     PROTOCOL_INCOMPATIBLE = "ProtocolIncompatible"  # the RayCluster's runtime cannot run the operator's request
+    SUBMISSION_REFUSED = "SubmissionRefused"  # Ray's Jobs API refused the driver for good (a 4xx): not retried
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]

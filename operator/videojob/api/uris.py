@@ -142,6 +142,19 @@ _HTTPS_NO_USERINFO = _forbid(
     r"^https://[^/?#]*@",
     "must not carry credentials (user:password@ before the host): anyone who can read the job could read them",
 )
+# Signed URLs and API keys in the query (or fragment): S3 and GCS signatures and
+# session tokens, Azure SAS (sig), OAuth and generic tokens, keys, passwords. A
+# spec's image uri travels in the driver's request into Ray's job table and logs.
+_SECRET_PARAMS = ("x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|x-goog-credential|"
+                  "googleaccessid|awsaccesskeyid|signature|sig|token|access_token|id_token|refresh_token|"
+                  "auth|authorization|api_key|apikey|key|secret|client_secret|password|passwd|credential|"
+                  "credentials")
+_HTTPS_NO_SECRET_QUERY = _forbid(
+    rf"^https://[^?#]*[?#](.*[&;#])?(?i:{_SECRET_PARAMS})=",
+    "must not carry a signature, token, key or password in its query (X-Amz-Signature=, sig=, token=, "
+    "key= and the like): the uri reaches the driver's request, Ray's job table and logs, and anyone who can "
+    "read the job; put the image on a volume (pvc://) or at an address that needs no secret",
+)
 _HTTPS_FORM = _require(
     r"^https://([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?([/?#][^ ]*)?$",
     "https:// must be followed by a host name, an optional :port and a path with no spaces "
@@ -156,7 +169,7 @@ _CONTAINED = (_NO_CONTROL, _NO_LOOKALIKE, _NO_BACKSLASH, _NO_PERCENT, _NO_EMPTY_
 URI_RULES: dict[str, tuple[Cel, ...]] = {
     "output": (_schemes_rule(("pvc", "local")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED),
     "input": (_NO_HTTP, _schemes_rule(("pvc", "local", "https")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED,
-              _HTTPS_NO_USERINFO, _HTTPS_FORM),
+              _HTTPS_NO_USERINFO, _HTTPS_NO_SECRET_QUERY, _HTTPS_FORM),
     "source": (_schemes_rule(("hf", "pvc", "local")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED, _HF_ID),
 }
 

@@ -115,15 +115,26 @@ class Admissions:
         log.info("admission: %s %s class=%s %s allocated=%d/%d idle=%d", what, key, klass, detail,
                  s.allocated(klass), s.capacity(klass), s.idle_gpus(klass))
 
-    def forget_group(self, group: str) -> None:
-        """An idle group that is gone (torn down, or found missing)."""
+    def attach(self, key: str, group: str) -> None:
+        """The group ``key``'s attempt runs on, recorded before its driver is
+        submitted: the sweeper, which reads the books after it listed Ray's groups,
+        then always sees a group that exists in Ray as someone's."""
+        with self._lock:
+            self.scheduler.attach(key, group)
+
+    def forget_group(self, group: str) -> bool:
+        """An idle group that is gone (torn down, or found missing). True when it was
+        idle here (and is forgotten now): checked and forgotten under one lock, so a
+        group that a job was just admitted onto is never forgotten (nor torn down)."""
         with self._lock:
             idle = self.scheduler.idle.get(group)
+            if idle is None:
+                return False
             self._dirty = True
             self.scheduler.evicted(group)
             self._models.pop(group, None)
-            if idle is not None:
-                self._log("evicted", group, idle.klass, "")
+            self._log("evicted", group, idle.klass, "")
+            return True
 
     def expired(self) -> list[str]:
         with self._lock:
@@ -134,6 +145,16 @@ class Admissions:
                 self._models.pop(group, None)
                 self._log("expired", group, idle[group].klass, "")
             return old
+
+    def ping(self) -> None:
+        """Take and release the lock: /healthz's proof that the books are not wedged."""
+        with self._lock:
+            pass
+
+    def hold_for_ever(self) -> None:
+        """Tests only (fault injection): take the lock and never give it back."""
+        self._lock.acquire()
+        threading.Event().wait()
 
     # -- views -----------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from ..api import VideoJob
 from ..api.status import ConditionType, Phase, Reason
 from ..driver_protocol import DriverRequest, GroupRequest, group_name, submission_id
 from ..jobrequest import job_fields, seed_for
+from ..raycluster.client import RayRefused
 from ..scheduling import Admission
 from .context import Stopped
 from .kube import Conflict
@@ -63,12 +64,15 @@ class Attempts:
             try:
                 self.book.update(changes, expect=True, event_message=event)
                 self._unwritten_plan = None
+                # The group is this job's in the books before its driver can create it.
+                self.ctx.admissions.attach(self.key, group)
                 return attempt
             except Conflict:
                 log.info("%s: status changed while starting an attempt; re-reading", self.key)
                 self.book.load()
                 active = self._active_attempt()
                 if active is not None:  # someone (a previous life of this operator) already started one
+                    self.ctx.admissions.attach(self.key, active.get("group") or group_name(self.uid))
                     return active
 
     def _fault(self, number: int) -> dict[str, Any] | None:
@@ -104,6 +108,17 @@ class Attempts:
             job_timeout_s=settings.job_timeout_s, progress_interval_s=min(settings.progress_interval_s, 1.0),
         )
 
+    def _refused(self, attempt: dict[str, Any], exc: RayRefused) -> None:
+        """Ray refused the driver for good: the attempt and the job fail at once,
+        saying what answered (sending it again would get the same answer)."""
+        message = (f"attempt {attempt['number']}: {exc}; not retried: check that VIDEOJOB_RAY_DASHBOARD_URL is the "
+                   "Ray head's dashboard (port 8265) and what any proxy in front of it allows")
+        attempts = [dict(a, result="Failed", reason=Reason.SUBMISSION_REFUSED.value, finishedAt=now(),
+                         message=message[:1000]) if a.get("number") == attempt["number"] else a
+                    for a in self.book.status.get("attempts") or []]
+        self.ctx.metrics.attempts.labels(result="Failed").inc()
+        self._fail(Reason.SUBMISSION_REFUSED, message, changes={"attempts": attempts})
+
     def _ensure_submitted(self, stopped, job: VideoJob, plan: dict[str, Any], attempt: dict[str, Any]) -> None:
         sid = attempt["submissionId"]
         existing = self._ray(stopped, lambda: self.ctx.ray.job(sid), Phase.RUNNING.value)
@@ -113,11 +128,15 @@ class Attempts:
                 if self.deleting.is_set():
                     raise Stopped
                 launch = self.ctx.launch
-                created = self._ray(stopped, lambda: launch.submit(
-                    self.ctx.ray, sid, request.entrypoint(launch.python),
-                    metadata={"videojob.io/namespace": self.namespace, "videojob.io/name": self.name,
-                              "videojob.io/uid": self.uid, "videojob.io/attempt": str(attempt["number"])}),
-                    Phase.RUNNING.value)
+                try:
+                    created = self._ray(stopped, lambda: launch.submit(
+                        self.ctx.ray, sid, request.entrypoint(launch.python),
+                        metadata={"videojob.io/namespace": self.namespace, "videojob.io/name": self.name,
+                                  "videojob.io/uid": self.uid, "videojob.io/attempt": str(attempt["number"])}),
+                        Phase.RUNNING.value)
+                except RayRefused as exc:
+                    self._refused(attempt, exc)
+                    raise Stopped from None
             if created:
                 self.ctx.metrics.submissions.inc()
             message = f"attempt {attempt['number']}: driver {sid} " + ("submitted" if created else "adopted")

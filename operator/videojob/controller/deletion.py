@@ -15,6 +15,7 @@ from typing import Any
 from ..driver_protocol import group_name
 from ..raycluster.client import RayUnavailable
 from .groups import present, teardown_groups
+from .hygiene import forget_drivers
 
 log = logging.getLogger("videojob.controller")
 
@@ -28,6 +29,9 @@ class Deletion:
         self.deleting.set()
         start = time.monotonic()
         with self.submit_lock:  # no submission can slip in after this point
+            # What the API server holds now, not kopf's copy: that copy may predate an
+            # attempt written (and its driver submitted) just before this lock was taken.
+            status = self._current_status(status)
             attempts = status.get("attempts") or []
             active = next((a for a in reversed(attempts) if a.get("submissionId")), None)
         admissions = self.ctx.admissions
@@ -35,16 +39,30 @@ class Deletion:
             if active is not None:
                 self._stop_driver(active, start + deadline_s)
             kept = (status.get("actorGroup") or {})
-            if kept.get("kept") and kept.get("name") in admissions.idle_groups():
-                admissions.forget_group(kept["name"])  # its owner is going: so does its warm group
+            # Forgotten only if still idle, checked and forgotten at once: a group another
+            # job was just admitted onto is that job's now, and is never torn down here.
+            if kept.get("kept") and kept.get("name") and admissions.forget_group(kept["name"]):
                 teardown_groups(self.ctx.ray, [kept["name"]], self.ctx.launch, f"{self.key} deleted")
                 self.ctx.metrics.evictions.labels(why="owner-deleted").inc()
+            forget_drivers(self.ctx.ray, attempts, self.uid, kept.get("name") if kept.get("kept") else None)
         except RayUnavailable as exc:
             log.warning("%s: deleted while Ray is unreachable (%s); what it left is for the sweeper", self.key, exc)
         finally:
             admissions.cancel(self.key)
             self.ctx.metrics.set_phase(self.key, None)
             self._capacity_metrics()
+
+    def _current_status(self, given: dict[str, Any]) -> dict[str, Any]:
+        """The job's status as the API server holds it (``given``, kopf's copy, when it
+        cannot be read: gone already, or the server away)."""
+        try:
+            obj = self.ctx.jobs.get(self.namespace, self.name)
+        except Exception as exc:  # noqa: BLE001 - Gone, or the API server away: kopf's copy is all there is
+            log.info("%s: status not re-read at deletion (%s); using the deletion event's", self.key, exc)
+            return given
+        if obj.get("metadata", {}).get("uid") not in (None, self.uid):
+            return given  # a new object of the same name: not this job's status
+        return obj.get("status") or {}
 
     def _stop_driver(self, attempt: dict[str, Any], deadline: float) -> None:
         ray, sid = self.ctx.ray, attempt["submissionId"]

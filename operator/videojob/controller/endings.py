@@ -32,7 +32,8 @@ from ..api.status import ConditionType, Phase, Reason
 from ..raycluster.client import RayUnavailable
 from .context import epoch
 from .groups import teardown_groups
-from .outcome import Outcome, clip, story, success_changes
+from .hygiene import after_end
+from .outcome import NOT_OURS, Outcome, clip, story, success_changes
 from .status import now
 
 log = logging.getLogger("videojob.controller")
@@ -71,9 +72,6 @@ class Endings:
         group = result.get("groupName") or attempt.get("group")
         kept = bool(result.get("groupKept")) and self.ctx.settings.warm_group_ttl_s > 0
         pool = self._pool_key(job, plan)
-        # The GPUs: held by the idle warm group from now on, or free.
-        self.ctx.admissions.finish(self.key, keep_group=group if kept else None, model=job.spec.model.name)
-        self._capacity_metrics()
         changes.update({
             "phase": Phase.SUCCEEDED.value, "completionTime": now(),
             "attempts": self._ended_attempts(attempt, "Succeeded", Reason.SUCCEEDED.value, ""),
@@ -81,7 +79,15 @@ class Endings:
                            "poolKey": pool if kept else None},
             "conditions": self.book.condition(ConditionType.COMPLETED, "True", Reason.SUCCEEDED, changes["message"])})
         started = self.book.status.get("startTime")
+        # The status first, then the books: if the write fails, the daemon starts again
+        # from a status that still says Running and books that still hold the job (a
+        # write after the books changed would leave the GPUs counted twice, as the
+        # running job found again and as its kept group).
         self.book.update(changes, event_message=changes["message"])
+        after_end(self)  # the end is written: its driver leaves Ray's job table
+        # The GPUs: held by the idle warm group from now on, or free.
+        self.ctx.admissions.finish(self.key, keep_group=group if kept else None, model=job.spec.model.name)
+        self._capacity_metrics()
         if started:
             metrics.job_seconds.observe(max(0.0, epoch(changes["completionTime"]) - epoch(started)))
 
@@ -93,7 +99,8 @@ class Endings:
         self.ctx.admissions.finish(self.key)
         self._capacity_metrics()
         group = attempt.get("group")
-        if group and (outcome.result.get("groupKept") or outcome.kind == "lost"):
+        ours = outcome.reason not in NOT_OURS
+        if group and ours and (outcome.result.get("groupKept") or outcome.kind == "lost"):
             try:  # a failed attempt's group is in an unknown state: it goes (not back to the pool)
                 teardown_groups(self.ctx.ray, [group], self.ctx.launch,
                                 f"attempt {attempt['number']} of {self.key} failed", wait_s=30.0,
@@ -128,6 +135,7 @@ class Endings:
                               "message": message, "progress": None,
                               "conditions": self.book.condition(ConditionType.PLANNED, "True", Reason.REPLANNED,
                                                                 message)}, event_message=message)
+            after_end(self)
             return True
         delay = settings.retry_backoff_s * 2 ** max(0, used - 1)
         message = (f"attempt {attempt['number']} lost ({outcome.reason}): {clip(outcome.message, 600)}; "
@@ -135,6 +143,7 @@ class Endings:
         self.book.update({"phase": Phase.QUEUED.value, "attempts": attempts, "message": message, "progress": None,
                           "conditions": self.book.condition(ConditionType.ADMITTED, "False", Reason.FAILED,
                                                             message)}, event_message=message)
+        after_end(self)
         self._wait(stopped, delay)
         return True
 
@@ -165,5 +174,6 @@ class Endings:
                           "progress": None, "actorGroup": None,
                           "conditions": self.book.condition(ConditionType.ADMITTED, "False", Reason.NO_PLACEMENT,
                                                             message)}, event_message=message)
+        after_end(self)
         self._wait(stopped, delay)
         return True

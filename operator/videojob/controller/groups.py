@@ -89,6 +89,9 @@ def submit_teardown(ray: RayClient, group: str, world: int, launch: DriverLaunch
     sid = f"vj-teardown-{uuid.uuid4().hex[:12]}"
     launch.submit(ray, sid, teardown_entrypoint(group, world, launch.python),
                   metadata={"videojob.io/teardown": group, "videojob.io/why": why[:100]})
+    from .hygiene import remember  # here: hygiene imports this module
+
+    remember(ray, sid)  # deleted from Ray's job table once it has run
     log.info("group %s: teardown driver %s submitted (%s)", group, sid, why)
     return sid
 

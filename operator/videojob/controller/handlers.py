@@ -15,6 +15,7 @@ from typing import Any
 import kopf
 
 from ..api.common import API_GROUP, API_VERSION, PLURAL
+from ..health import install_fault_signals
 from ..settings import OperatorSettings
 from .operator import Controller, object_ref
 from .outcome import clip
@@ -56,6 +57,13 @@ def build_registry(settings: OperatorSettings, controller: Controller | None = N
         # Our own registry has none of kopf's default login handlers: the
         # kubernetes client's (in-cluster ServiceAccount, else $KUBECONFIG).
         return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    async def heartbeat(**_: Any) -> None:
+        # On kopf's own loop (an async handler runs there): /healthz fails if the loop stops.
+        controller.health.start_loop_heartbeat()
+        if controller.settings.allow_fault_injection:
+            install_fault_signals(controller.admissions.hold_for_ever)
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> None:

@@ -35,6 +35,7 @@ from .attempts import FAULT_ANNOTATION, Attempts
 from .context import TERMINAL, Context, EventFn, Stopped, epoch
 from .deletion import Deletion
 from .endings import Endings
+from .hygiene import after_end
 from .kube import Gone
 from .outcome import clip, outcome_of
 from .queueing import Queueing
@@ -59,6 +60,7 @@ class JobLifecycle(Queueing, Attempts, Watching, Endings, Deletion):
         self.book = StatusBook(ctx.jobs, namespace, name, on_phase=self._phase_event)
         self.annotations: dict[str, str] = {}
         self._unwritten_plan: tuple[dict[str, Any], str] | None = None
+        self._ray_was_down = False
         self._last_choice = None
 
     # -- helpers ---------------------------------------------------------------
@@ -83,6 +85,7 @@ class JobLifecycle(Queueing, Attempts, Watching, Endings, Deletion):
             try:
                 result = call()
             except RayUnavailable as exc:
+                self._ray_was_down = True
                 self.ctx.metrics.ray_errors.inc()
                 reason = Reason.RAY_AUTH_FAILED if isinstance(exc, RayAuthError) else Reason.RAY_UNAVAILABLE
                 log.warning("%s: %s", self.key, exc)
@@ -92,7 +95,26 @@ class JobLifecycle(Queueing, Attempts, Watching, Endings, Deletion):
                                   "message": str(exc)[:500], "phase": waiting_phase})
                 self._wait(stopped, self.ctx.settings.ray_retry_s)
                 continue
+            if self._ray_was_down:
+                self._ray_back()
             return result
+
+    def _ray_back(self) -> None:
+        """Ray answers again: the condition that said it did not is set back (a job
+        that then runs and succeeds must not still say Ray is unreachable)."""
+        self._ray_was_down = False
+        admitted = next((c for c in self.book.status.get("conditions") or []
+                         if c.get("type") == ConditionType.ADMITTED.value), None)
+        if admitted is None or admitted.get("reason") not in (Reason.RAY_UNAVAILABLE.value,
+                                                               Reason.RAY_AUTH_FAILED.value):
+            return
+        attempt = self._active_attempt()
+        if attempt is not None:
+            status, reason, message = "True", Reason.ADMITTED, f"Ray answers again; attempt {attempt['number']} goes on"
+        else:
+            status, reason, message = "False", Reason.WAITING_FOR_GPUS, "Ray answers again"
+        self.book.update({"message": message, "conditions": self.book.condition(ConditionType.ADMITTED, status,
+                                                                                reason, message)})
 
     def _fail(self, reason: Reason, message: str, condition: ConditionType = ConditionType.COMPLETED,
               changes: dict[str, Any] | None = None) -> None:
@@ -100,6 +122,7 @@ class JobLifecycle(Queueing, Attempts, Watching, Endings, Deletion):
                           "queue": None, **(changes or {}),
                           "conditions": self.book.condition(condition, "False", reason, message)},
                          event_message=message)
+        after_end(self)  # an attempt's end written with it: its driver leaves Ray's job table
         self.ctx.admissions.cancel(self.key)
         self._capacity_metrics()
 
@@ -111,6 +134,12 @@ class JobLifecycle(Queueing, Attempts, Watching, Endings, Deletion):
             self._run(stopped)
         except (Stopped, Gone):
             log.info("%s: lifecycle stopped", self.key)
+            if self.deleting.is_set():
+                # The finalizer released the job's GPUs; an admission this daemon got
+                # after that (it was between two looks at the queue) must not outlive it.
+                with self.submit_lock:
+                    self.ctx.admissions.cancel(self.key)
+                self._capacity_metrics()
             return
 
     def _run(self, stopped) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..api.common import API_GROUP, API_VERSION, KIND
+from ..health import ADMISSIONS, Health
 from ..inventory import load_inventory
 from ..metrics import Metrics, serve
 from ..raycluster.client import HttpRayClient, RayClient
@@ -24,6 +25,7 @@ from ..settings import OperatorSettings
 from .kube import VideoJobs
 from .admission import Admissions, pool_key
 from .groups import groups_in_ray, owner_uid, teardown_groups
+from .hygiene import owner_namespace, prune
 from .lifecycle import TERMINAL, Context, JobLifecycle
 
 log = logging.getLogger("videojob.controller")
@@ -46,6 +48,7 @@ class Controller:
         self._lifecycles: dict[str, JobLifecycle] = {}
         self._lock = threading.Lock()
         self.alive = threading.Event()
+        self.health = Health(settings.health_stall_s)
 
     def _ray_client(self) -> RayClient:
         settings = self.settings
@@ -71,7 +74,8 @@ class Controller:
         self.ctx = Context(jobs=jobs, ray=ray, admissions=self.admissions, inventory=self.inventory,
                            settings=self.settings, metrics=self.metrics, event=self._event or _no_event)
         self.rebuild()
-        self.metrics_server, self.metrics_port = serve(self.metrics, self.settings.metrics_port, self.alive.is_set)
+        self.health.start_probe(ADMISSIONS, self.admissions.ping)
+        self.metrics_server, self.metrics_port = serve(self.metrics, self.settings.metrics_port, self.healthz)
         self.alive.set()
         threading.Thread(target=self._sweeper, name="videojob-sweeper", daemon=True).start()
         classes = ", ".join(c.describe() for c in self.inventory.classes)
@@ -89,6 +93,11 @@ class Controller:
         except Exception as exc:  # noqa: BLE001 - Ray down at start: jobs re-adopt their drivers later
             log.warning("Ray's State API did not answer at start (%s); no warm groups adopted", exc)
             in_ray = {}
+        classes = {c.name for c in self.inventory.classes}
+        kept: list[tuple[str, str, dict[str, Any], str, str]] = []
+        # Running attempts first, then kept groups: a warm group that a running job
+        # reused is that job's (its GPUs counted once), even though the job that kept
+        # it still says so in its own status.
         for obj in self.ctx.jobs.list(self.settings.namespaces):
             status = obj.get("status") or {}
             meta, spec = obj["metadata"], obj.get("spec") or {}
@@ -99,7 +108,7 @@ class Controller:
             model = (spec.get("model") or {}).get("name", "")
             pool = pool_key(model, (spec.get("model") or {}).get("source"), plan) if plan else None
             klass = plan.get("gpuClass") or default_class
-            if klass not in {c.name for c in self.inventory.classes}:
+            if klass not in classes:
                 klass = default_class  # the inventory changed under a running job: count it somewhere
             if status.get("phase") not in TERMINAL and attempts and attempts[-1].get("result") == "Running":
                 self.admissions.running(key, klass, int(plan.get("gpus") or 1),
@@ -108,9 +117,13 @@ class Controller:
             group = status.get("actorGroup") or {}
             if (status.get("phase") == "Succeeded" and group.get("kept") and group.get("name") in in_ray
                     and group.get("poolKey")):
-                if self.admissions.adopt_idle(group["name"], klass, int(plan.get("gpus") or 1), group["poolKey"],
-                                              model):
-                    log.info("warm group %s of %s adopted as idle", group["name"], key)
+                kept.append((key, klass, plan, model, group))
+        for key, klass, plan, model, group in kept:
+            if self.admissions.adopt_idle(group["name"], klass, int(plan.get("gpus") or 1), group["poolKey"], model):
+                log.info("warm group %s of %s adopted as idle", group["name"], key)
+            else:
+                log.info("warm group %s of %s not adopted as idle: a running job holds it (it reused it), or "
+                         "another job kept it too, or no pod of %s has room for it", group["name"], key, klass)
         self.metrics.set_capacity(self.admissions.snapshot())
 
     def sweep(self) -> dict[str, list[str]]:
@@ -120,29 +133,33 @@ class Controller:
         if expired:
             teardown_groups(ray, expired, launch, "idle past the TTL")
             self.metrics.evictions.labels(why="ttl").inc(len(expired))
+        # Ray's groups first, then the VideoJobs and the books: a group that exists in
+        # Ray was named in the books (``Admissions.attach``, before its driver was
+        # submitted) and its job created before this listing, so a job admitted
+        # meanwhile is never taken for an owner that is gone.
+        in_ray = groups_in_ray(ray)
         live: dict[str, str] = {}
         for obj in self.ctx.jobs.list(self.settings.namespaces):
             live[obj["metadata"]["uid"]] = (obj.get("status") or {}).get("phase", "Pending")
         in_use = self.admissions.groups_in_use()
-        # Whose is a group: the uid in its name; which namespace: its drivers' metadata.
-        # A namespace-scoped operator leaves alone the groups of namespaces it does not watch.
-        namespace_of = {j.metadata.get("videojob.io/uid"): j.metadata.get("videojob.io/namespace")
-                        for j in ray.jobs() if j.metadata.get("videojob.io/uid")}
+        # Whose is a group: the uid in its name; which namespace (a namespace-scoped operator
+        # leaves alone the groups of namespaces it does not watch): its creator driver's
+        # metadata, looked up only for a candidate whose job it does not see.
         scoped = set(self.settings.namespaces)
         ownerless = []
-        for group in groups_in_ray(ray):
+        for group in in_ray:
             if group in in_use or group in expired:
                 continue
             uid = owner_uid(group)
-            if scoped and namespace_of.get(uid) not in scoped:
-                continue
             phase = live.get(uid) if uid else None
             # Not in use and its job is gone (or finished without keeping it): nobody will use it again.
-            if uid is None or phase is None or phase in TERMINAL:
+            if (uid is None or phase is None or phase in TERMINAL) and (
+                    not scoped or phase is not None or owner_namespace(ray, group, uid) in scoped):
                 ownerless.append(group)
         if ownerless:
             teardown_groups(ray, ownerless, launch, "its owner no longer exists")
             self.metrics.evictions.labels(why="ownerless").inc(len(ownerless))
+        prune(ray, live, scoped, self.settings.ray_job_retention_s)  # ended drivers leave Ray's job table
         self.metrics.set_capacity(self.admissions.snapshot())
         return {"expired": expired, "ownerless": ownerless}
 
@@ -171,8 +188,15 @@ class Controller:
         with self._lock:
             self._lifecycles.pop(f"{namespace}/{name}", None)
 
+    def healthz(self) -> tuple[bool, str]:
+        """/healthz: 503 before start and once stopping, or while a heartbeat is stale."""
+        if not self.alive.is_set():
+            return False, "not serving: the operator is starting or stopping\n"
+        return self.health.check()
+
     def stop(self) -> None:
         self.alive.clear()
+        self.health.stop()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
         if self.embedded is not None:

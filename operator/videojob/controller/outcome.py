@@ -39,7 +39,9 @@ from ..raycluster.client import RayJob
 
 # Reasons a retry of the same plan may cure: something outside the job went away.
 LOST_REASONS = {"ActorDied", "RayError", "DriverLost", "GroupStartFailed", "Stopped", "RayUnavailable",
-                "NodeDied", "WorkerCrashed"}
+                "NodeDied", "WorkerCrashed", "GroupBusy"}
+# A warm group the books said was idle runs another job: not this attempt's to remove.
+NOT_OURS = {"GroupBusy"}
 DRIVER_START_FAILED = "DriverStartFailed"
 # Ray's error_type for an entrypoint that ran and exited non-zero (Ray 2.x's JobErrorType).
 ENTRYPOINT_EXITED = "JOB_ENTRYPOINT_COMMAND_ERROR"
@@ -176,6 +178,12 @@ def outcome_of(ray_job: RayJob, result: dict[str, Any] | None, logs: str = "") -
     printed) and its log (what a message quotes when there is no result)."""
     if result and result.get("ok") and ray_job.status == "SUCCEEDED":
         return Outcome("succeeded", "Succeeded", "", result)
+    if result and result.get("ok") and ray_job.terminal:
+        # Its outputs were written and renamed into place before the result record was
+        # printed: the work is done, whatever stopped the driver after that (a SIGKILL
+        # during its teardown). Its group is in an unknown state: not kept (the sweeper
+        # removes what is left of it).
+        return Outcome("succeeded", "Succeeded", "", {**result, "groupKept": False})
     if result is None:  # the driver ended before its result record: never started, or killed, or its node lost
         return _no_result(ray_job, logs)
     if _refused_by_old_driver(result):
@@ -234,5 +242,5 @@ def story(attempts: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["DRIVER_START_FAILED", "LOST_REASONS", "Outcome", "clip", "exit_code", "failed_to_start", "log_tail",
-           "outcome_of", "story", "success_changes"]
+__all__ = ["DRIVER_START_FAILED", "LOST_REASONS", "NOT_OURS", "Outcome", "clip", "exit_code", "failed_to_start",
+           "log_tail", "outcome_of", "story", "success_changes"]

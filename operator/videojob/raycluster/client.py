@@ -41,6 +41,19 @@ class RayAuthError(RayUnavailable):
     """Ray refused the token (401/403): the token file is missing or wrong."""
 
 
+class RayRefused(RuntimeError):
+    """Ray (or what answers at its address) refused a request for good: a 4xx other
+    than 401/403 (auth), 408 and 429 (later). Sending it again gets the same answer."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+# 4xx answers that mean "later", not "never".
+RETRY_LATER = {408, 429}
+
+
 @dataclass(frozen=True)
 class RayJob:
     """One Ray job (a driver) as the Jobs API reports it."""
@@ -181,6 +194,9 @@ class HttpRayClient:
             return True
         if "already exists" in text:
             return False
+        if 400 <= status < 500 and status not in RETRY_LATER:
+            raise RayRefused(f"submitting {submission_id} to {self.address}: it answered {status}: "
+                             f"{text.strip()[-400:] or '(no body)'}", status)
         raise RayUnavailable(f"submitting {submission_id}: Ray answered {status}: {text[-500:]}")
 
     def job(self, submission_id: str) -> RayJob | None:

@@ -208,9 +208,11 @@ class Scheduler:
         return pod
 
     def adopt_idle(self, group: str, klass: str, gpus: int, pool_key: str, now: float) -> bool:
-        """Record an idle warm group found at start; False when no pod has room for it."""
+        """Record an idle warm group found at start; False when no pod has room for it,
+        or when a running job holds it (a job that reused the group: its GPUs are
+        that job's, and it is not idle)."""
         c = self.classes.get(klass)
-        if c is None or group in self.idle:
+        if c is None or group in self.idle or any(r.group == group for r in self.running.values()):
             return False
         pod = self._fit_pod(c, gpus)
         if pod is None:
@@ -218,6 +220,13 @@ class Scheduler:
         c.used[pod] += gpus
         self.idle[group] = IdleGroup(group, klass, pod, gpus, pool_key, now)
         return True
+
+    def attach(self, key: str, group: str) -> None:
+        """Name the group a running job's attempt runs on (written before its driver
+        exists): from then on the group is the job's in the books."""
+        run = self.running.get(key)
+        if run is not None:
+            run.group = group
 
     def cancel(self, key: str) -> None:
         """Forget a job (deleted): its queue place or its GPUs (its group goes with it)."""
