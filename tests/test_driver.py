@@ -203,6 +203,35 @@ def test_a_job_runs_to_succeeded_and_leaves_nothing_in_ray(cluster):
     _assert_clean(cluster, request.group.name)
 
 
+def test_rays_tables_keep_no_request_once_the_job_is_deleted(cluster):
+    """Ray's GCS keeps each driver's command line for the cluster's life, past the
+    Jobs API record the operator deletes: the driver runs itself again with the
+    request (prompts in it) in its environment, so that line names no request."""
+    request = _request("private", ulysses=1, job=_job("private", prompt="a secret prompt, word 5d1f"))
+    encoded = request.encode()
+    sid = _submit(cluster, request)
+    job, logs = _wait_end(cluster, sid, timeout=240)
+    assert job.status == "SUCCEEDED" and result_of(logs)["ok"], logs[-4000:]
+
+    def deleted() -> bool:  # Ray writes a record back when it is deleted before its supervisor exits
+        cluster.client.delete(sid)
+        return cluster.client.job(sid) is None
+    wait_for(f"Ray job {sid} to stay deleted", deleted, timeout=60, interval=2)
+    # The GCS's own job table (no HTTP API lists a deleted submission's driver): read by a
+    # separate Ray driver process, so this test process stays off the cluster.
+    read = ("import json, ray; ray.init(address=%r, log_to_driver=False); "
+            "print(json.dumps([j['Entrypoint'] for j in ray._private.state.jobs()]))" % cluster.head.address)
+    done = subprocess.run([PY, "-c", read], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **cluster.head.env})
+    assert done.returncode == 0, done.stderr[-3000:]
+    entrypoints = json.loads(done.stdout.strip().splitlines()[-1])
+    drivers = [e for e in entrypoints if "videojob_runtime.driver" in e]
+    assert drivers, f"the GCS holds no driver of this module: {entrypoints}"
+    text = json.dumps(entrypoints)
+    assert encoded not in text and "5d1f" not in text, f"Ray's GCS keeps the request: {text[:2000]}"
+    assert any("--request-env" in e for e in drivers), drivers
+
+
 def test_a_short_placement_timeout_does_not_cut_short_the_ranks_start(cluster):
     """The placement timeout bounds finding room, not the ranks' start: with 1 s (room is
     there at once) the rank actors still get VIDEOJOB_GROUP_START_TIMEOUT_S to import

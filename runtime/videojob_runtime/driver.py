@@ -5,7 +5,9 @@ entrypoint is ``DriverRequest.entrypoint()``; this module is that entrypoint.
 It runs inside the Ray cluster (``ray.init(address="auto")``: Ray's job
 supervisor sets ``RAY_ADDRESS``; it never starts a cluster) and:
 
-1. decodes the request (``--request <base64 JSON of DriverRequest>``;
+1. decodes the request (``--request <base64 JSON of DriverRequest>``, which
+   ``hide_request`` first moves from the command line, which Ray's GCS keeps,
+   to the environment, which it does not;
    ``driver_protocol``: a request of another major version, or one that
    requires a feature this driver lacks, is refused with a
    ``ProtocolIncompatible`` result; fields it does not know are ignored and
@@ -408,11 +410,30 @@ def teardown(name: str, world: int) -> int:
 # -- entry point -------------------------------------------------------------------
 
 
+REQUEST_ENV = "VIDEOJOB_DRIVER_REQUEST"
+
+
+def hide_request() -> None:
+    """Ray's GCS keeps every driver's command line (taken at ``ray.init``) for as long as
+    the cluster lives, past the Jobs API record the operator deletes: a driver started
+    as ``--request <base64>`` (prompts in it) runs itself again in the same process
+    (exec: same pid, so Ray's job supervisor still follows and signals it) with the
+    request in its environment, which Ray does not keep, and ``--request-env`` as its
+    command line. A no-op for any other command line."""
+    argv = sys.argv[1:]
+    if len(argv) != 2 or argv[0] != "--request":
+        return
+    os.execve(sys.executable, [sys.executable, "-m", "videojob_runtime.driver", "--request-env"],
+              {**os.environ, REQUEST_ENV: argv[1]})
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m videojob_runtime.driver",
                                      description="Run one VideoJob attempt on the Ray cluster this runs in.")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--request", help="base64 JSON of a DriverRequest (videojob.driver_protocol)")
+    mode.add_argument("--request-env", action="store_true",
+                      help=f"the request is in ${REQUEST_ENV} (what --request becomes: see hide_request)")
     mode.add_argument("--teardown", metavar="GROUP", help="remove this group (its actors and placement group)")
     parser.add_argument("--world", type=int, default=0,
                         help="with --teardown: the group's world size (ranks 0..N-1; any other rank alive "
@@ -427,8 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.teardown:
         return finish(teardown(args.teardown, args.world))
+    encoded = args.request if args.request is not None else os.environ.pop(REQUEST_ENV, "")
     try:
-        request, ignored = decode_request(args.request)
+        request, ignored = decode_request(encoded)
     except ProtocolIncompatible as exc:
         return finish(_result(_fail("ProtocolIncompatible", "request", str(exc)), {}))
     except Exception as exc:  # noqa: BLE001 - a request that does not decode still gets a result record
@@ -440,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    hide_request()
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
