@@ -121,3 +121,19 @@ def test_shell_scripts_pass_shellcheck():
                REPO / "hack" / "cluster" / "build-gotool.sh"]
     result = subprocess.run(["shellcheck", *map(str, scripts)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_chaos_figures_are_the_soaks_own():
+    """The README's chaos sentence quotes benchmarks/results/chaos.json, which the soak
+    writes: a newer run changes the file, and this test says the README must follow."""
+    import json
+
+    result = json.loads((REPO / "benchmarks" / "results" / "chaos.json").read_text())
+    section = " ".join(_section("Faults lose nothing").split())
+    quoted = re.search(r"seed (\d+)\): (\d+) jobs, (\d+) faults, (\d+) attempts, (\d+) retries: (\d+) lost, "
+                       r"(\d+) duplicated, (\d+) left over", section)
+    assert quoted, f"the README's chaos sentence changed shape: {section[:600]}"
+    expected = (result["seed"], result["jobs"], sum(result["faultsByKind"].values()), result["attempts"],
+                result["retries"], result["lost"], result["duplicated"], result["leftOver"])
+    assert tuple(int(g) for g in quoted.groups()) == expected
+    assert result["passed"] and result["booksMatch"], "the README says the last soak passed"

@@ -14,7 +14,7 @@ if sys.path[1] == str(HERE):  # `python benchmarks/chaos` puts this folder first
     del sys.path[1]
 
 from chaos.soak import run  # noqa: E402
-from machine import RESULTS, write_result  # noqa: E402
+from machine import RESULTS, git_state, write_result  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,8 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS / "chaos.json")
     p.add_argument("--workdir", type=Path, help="logs and outputs (default: a new temp dir, kept)")
     args = p.parse_args(argv)
+    # The header's commit is the tree's at the end: a soak lasts 20 minutes, so the
+    # tree it started on is kept too, and whether the two differ.
+    at_start = git_state()
     result = run(args.seed, args.jobs, args.minutes, workdir=args.workdir)
-    out = write_result("chaos.json", {"benchmark": "chaos", **result}, args.out)
+    provenance = {"atStart": at_start, "treeChangedDuringRun": at_start != git_state()}
+    out = write_result("chaos.json", {"benchmark": "chaos", **provenance, **result}, args.out)
     print(f"chaos: {'passed' if result['passed'] else 'FAILED'}: lost {result.get('lost')}, duplicated "
           f"{result.get('duplicated')}, left over {result.get('leftOver')}; {out}", file=sys.stderr)
     for problem in result["problems"]:
