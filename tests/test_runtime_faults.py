@@ -95,6 +95,29 @@ def test_a_rendezvous_timing_out_with_every_rank_alive_is_not_a_lost_rank(ray_se
     wait_until_clean(name)
 
 
+def test_a_store_port_taken_meanwhile_is_a_retried_start_failure():
+    """Rank 0 finds a free port, then listens on it for the group's store; another
+    process may take it in between (the chaos soak saw EADDRINUSE). torch's real
+    error for that is a start failure the operator retries, not RendezvousFailed."""
+    import socket
+
+    import torch.distributed as dist
+
+    from videojob.controller.outcome import LOST_REASONS
+    from videojob_runtime.group import start_failure_reason
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(Exception) as raised:
+            dist.TCPStore("127.0.0.1", port, 1, True, timeout=__import__("datetime").timedelta(seconds=5))
+    problem = f"rendezvous failed: {type(raised.value).__name__}: {raised.value}"
+    reason = start_failure_reason("RendezvousFailed", problem)
+    assert reason == "GroupStartFailed" and reason in LOST_REASONS, problem
+    assert start_failure_reason("RendezvousFailed", "rendezvous did not finish within 60s") == "RendezvousFailed"
+
+
 def test_no_placement_within_the_timeout_leaves_nothing(ray_session):
     name = "vj-fault-placement"
     start = time.monotonic()

@@ -29,6 +29,10 @@
   (``RendezvousFailed``: an address the peers cannot reach, a bad layout).
   The first error Ray hands back may be a survivor's (its peer's store went
   away), so after any failure every rank is asked whether it is alive.
+  One exception: rank 0's store port taken by another process between the
+  moment rank 0 found it free and the moment it listened (EADDRINUSE, seen
+  under the chaos soak) is ``GroupStartFailed``, retried: the next group gets
+  another port.
 """
 
 from __future__ import annotations
@@ -123,6 +127,16 @@ def _headline(exc: BaseException, limit: int = 300) -> str:
         said = lines[-1] if lines else type(exc).__name__
     said = _RAY_HINTS.split(said)[0]
     return said if len(said) <= limit else said[:limit] + "..."
+
+
+_PORT_TAKEN = re.compile(r"EADDRINUSE|address already in use", re.I)
+
+
+def start_failure_reason(reason: str, problem: str) -> str:
+    """The reason a group start that failed with every rank alive reports: ``reason``,
+    except a store port another process took meanwhile (a race, not the job's fault:
+    ``GroupStartFailed``, which the operator retries)."""
+    return "GroupStartFailed" if _PORT_TAKEN.search(problem) else reason
 
 
 def _rendezvous_fault(fault: FaultInjection, rank: int) -> None:
@@ -282,7 +296,7 @@ class ActorGroup:
             others = f" (ranks {[r for r, _ in dead]} are gone)" if len(dead) > 1 else ""
             raise GroupStartError("ActorDied", stage, f"{self.spec.name}: rank {rank}'s actor died during "
                                                       f"{stage}{others}: {why}", rank=rank)
-        raise GroupStartError(reason, stage, f"{self.spec.name}: {problem}")
+        raise GroupStartError(start_failure_reason(reason, problem), stage, f"{self.spec.name}: {problem}")
 
     def _dead_ranks(self, within_s: float = DEATH_PROBE_S) -> list[tuple[int, str]]:
         """(rank, Ray's word) for each rank whose actor is gone: its process or node died.
