@@ -30,8 +30,8 @@ require_module("ray")
 require_module("xfuser")
 
 from operator_harness import videojob  # noqa: E402
-from operator_inprocess import InProcess, one_rank, operator_factory  # noqa: E402
-from test_operator import SLOW_VIDEO, crd, ray_client, ray_head, roots  # noqa: E402,F401 - shared fixtures
+from operator_inprocess import InProcess, one_rank, operator_factory, with_fault  # noqa: E402
+from test_operator import crd, ray_client, ray_head, roots  # noqa: E402,F401 - shared fixtures
 
 pytestmark = pytest.mark.cluster
 CPU1 = [{"name": "cpu1", "gpusPerPod": 1, "maxPods": 1}]
@@ -115,7 +115,9 @@ def test_restart_with_queued_jobs_and_warm_groups_admits_the_priority_first(oper
     for status in (kept, warm):
         assert status["phase"] == "Succeeded" and status["actorGroup"]["kept"], status.get("message")
     gx, group = kept["actorGroup"]["name"], warm["actorGroup"]["name"]
-    first.create(_on("y", "long", steps=60, video=SLOW_VIDEO))
+    # `long` stalls 40 s after its first step (not "many steps": step time depends on
+    # the machine's load), so it is still running when the operator stops.
+    first.create(with_fault(_on("y", "long", steps=3), [1], stage="denoise", kind="stall", step=1, seconds=40))
     wait_for("`long` to run", lambda: ((videojob(crd, namespace, "long").get("status") or {}).get("progress")
                                        or {}).get("step", 0) >= 1, timeout=300)
     first.create(_on("y", "low", steps=2))
@@ -156,7 +158,10 @@ def test_a_busy_class_spills_and_warm_groups_expire(operators, crd, namespace, r
                {"name": "b", "gpusPerPod": 1, "maxPods": 1, "gpuType": "h100", "cost": 5.0}]
     caplog.set_level(logging.INFO, logger="videojob.admission")
     op = operators(classes, warm_group_ttl_s=4, sweep_interval_s=1).start()
-    op.create(one_rank("first", steps=30, video=SLOW_VIDEO))
+    # `first` holds class a for 45 s after its first step (a stall, not a number of
+    # steps: how long steps take depends on the machine's load), so `second` is
+    # planned while a is busy however slowly the operator picks it up.
+    op.create(with_fault(one_rank("first", steps=2), [1], stage="denoise", kind="stall", step=1, seconds=45))
     wait_for("`first` to run on a", lambda: (videojob(crd, namespace, "first").get("status") or {})
              .get("phase") == "Running", timeout=300)
     op.create(one_rank("second", steps=2))
@@ -209,7 +214,8 @@ def test_the_sweeper_leaves_the_operators_groups_and_removes_an_orphan(operators
 
     op = operators([{"name": "cpu1", "gpusPerPod": 1, "maxPods": 2}], warm_group_ttl_s=600).start()
     op.create(one_rank("idle", steps=2))
-    op.create(one_rank("busy", steps=40, video=SLOW_VIDEO))
+    # `busy` stalls 60 s after its first step, so it is still running during the sweep.
+    op.create(with_fault(one_rank("busy", steps=3), [1], stage="denoise", kind="stall", step=1, seconds=60))
     idle = op.wait("idle", timeout=300)["status"]
     assert idle["phase"] == "Succeeded" and idle["actorGroup"]["kept"], idle.get("message")
     busy = wait_for("`busy` to run", lambda: (s := videojob(crd, namespace, "busy").get("status") or {})

@@ -82,13 +82,17 @@ def test_warm_group_does_not_load_again(ulysses_group):
 
 def test_progress_while_running_and_cancel_between_steps(ulysses_group):
     refs = [a.run.remote(_request(job_id="long", steps=400).to_dict()) for a in ulysses_group.actors]
-    progress = wait_for(
-        "the long job to pass step 2",
-        lambda: (p := ulysses_group.progress())["job_id"] == "long" and p["step"] >= 2 and p,
-        timeout=120,
-    )
-    assert progress["steps"] == 400 and 0 < progress["percent"] < 100
-    ulysses_group.cancel("long")
+    try:
+        # percent is whole: 4 of 400 steps is the first step that reads 1%.
+        progress = wait_for(
+            "the long job to pass step 4 (1%)",
+            lambda: (p := ulysses_group.progress())["job_id"] == "long" and p["step"] >= 4 and p,
+            timeout=120,
+        )
+        assert progress["steps"] == 400 and 0 < progress["percent"] < 100, progress
+    finally:
+        # Cancel even when an assertion failed: the next tests share this group.
+        ulysses_group.cancel("long")
     results = ray.get(refs, timeout=120)
     steps = {r["error"].get("step") for r in results}
     assert all(r["error"]["reason"] == "Cancelled" and r["consistent"] for r in results)
