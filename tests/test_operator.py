@@ -25,12 +25,21 @@ from operator_harness import (  # noqa: E402
     OperatorProcess, create, elapsed_since, python_without_runtime, rbac_rules, tiny_job, videojob, wait_phase,
     write_inventory,
 )
+from operator_inprocess import with_fault  # noqa: E402
 from videojob.crd import CRD_FILE, CRD_NAME  # noqa: E402
 from videojob.raycluster.client import HttpRayClient  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 # Bigger than the demo's 64x64: a step takes long enough to act while the job runs.
 SLOW_VIDEO = {"width": 192, "height": 192, "frames": 17, "fps": 8}
+# The operator honours the test-only fault annotation (with_fault) only when allowed.
+FAULTS = {"VIDEOJOB_ALLOW_FAULT_INJECTION": "1"}
+
+
+def _stalled(doc: dict, seconds: float) -> dict:
+    """``doc`` whose first attempt sleeps ``seconds`` after denoise step 1 on every rank:
+    a job still running at a known point, however fast or slow steps are on this machine."""
+    return with_fault(doc, [1], stage="denoise", kind="stall", step=1, seconds=seconds)
 
 
 @pytest.fixture(scope="module")
@@ -146,11 +155,13 @@ def test_apply_then_get_a_video(crd, namespace, ray_head, ray_client, roots, ope
 
 
 def test_delete_mid_run_stops_everything_within_10_s(crd, namespace, ray_client, roots, operator_env):
-    with OperatorProcess(crd, namespace, roots["work"], operator_env):
-        created = create(crd, namespace, tiny_job("long", steps=200, video=SLOW_VIDEO))
+    with OperatorProcess(crd, namespace, roots["work"], {**operator_env, **FAULTS}):
+        # Stalled 120 s after step 1 (not "many steps": their time depends on the load), so the
+        # driver is still running when it is deleted; the stop kills the sleeping ranks.
+        created = create(crd, namespace, _stalled(tiny_job("long", steps=3), 120))
         uid = created["metadata"]["uid"]
         wait_for("the long job to make progress", lambda: ((videojob(crd, namespace, "long").get("status") or {})
-                                                           .get("progress") or {}).get("step", 0) >= 2, timeout=180)
+                                                           .get("progress") or {}).get("step", 0) >= 1, timeout=180)
         sid = videojob(crd, namespace, "long")["status"]["attempts"][0]["submissionId"]
         start = time.monotonic()
         crd.kubectl("delete", "vj", "long", "-n", namespace, "--wait=false")
@@ -177,9 +188,11 @@ def test_restart_mid_job_adopts_the_driver(crd, namespace, ray_client, roots, op
     completes, its driver was submitted once, and the weights were loaded once."""
     from videojob.driver_protocol import result_of
 
-    operator = OperatorProcess(crd, namespace, roots["work"], operator_env).start()
+    operator = OperatorProcess(crd, namespace, roots["work"], {**operator_env, **FAULTS}).start()
     try:
-        created = create(crd, namespace, tiny_job("survivor", steps=40, video=SLOW_VIDEO))
+        # Stalled 30 s after step 1, so the driver still runs when the operator is back
+        # (a restart takes seconds); then it finishes under the new operator.
+        created = create(crd, namespace, _stalled(tiny_job("survivor", steps=3), 30))
         wait_for("the job to run", lambda: ((videojob(crd, namespace, "survivor").get("status") or {})
                                             .get("progress") or {}).get("step", 0) >= 1, timeout=180)
         operator.kill()
@@ -192,7 +205,7 @@ def test_restart_mid_job_adopts_the_driver(crd, namespace, ray_client, roots, op
         sid = obj["status"]["attempts"][-1]["submissionId"]
         assert len(obj["status"]["attempts"]) == 1
         assert result_of(ray_client.logs(sid))["loads"] == 1, "weights were loaded once"
-        assert "adopted" in operator.log()
+        assert "adopted (RUNNING)" in operator.log(), "the driver was not running when the operator came back"
     finally:
         operator.stop()
 
@@ -203,7 +216,7 @@ def test_conflicts_and_dropped_watches_lose_nothing(crd, namespace, ray_client, 
     from the status it read before it queued) meets a real 409; and the API
     server ends the operator's watch every 2 s. The job still succeeds,
     submitted once, one attempt."""
-    env = {**operator_env, "VIDEOJOB_WATCH_TIMEOUT_S": "2"}
+    env = {**operator_env, **FAULTS, "VIDEOJOB_WATCH_TIMEOUT_S": "2"}
     stop = threading.Event()
 
     def churn(lane):
@@ -213,7 +226,9 @@ def test_conflicts_and_dropped_watches_lose_nothing(crd, namespace, ray_client, 
             n += 1
 
     with OperatorProcess(crd, namespace, roots["work"], env) as operator:
-        create(crd, namespace, tiny_job("blocker", steps=20, video=SLOW_VIDEO))
+        # `blocker` holds both ranks for 30 s after its first step (a stall, not a number of
+        # steps), so `churn` is queued behind it however slowly the operator picks it up.
+        create(crd, namespace, _stalled(tiny_job("blocker", steps=2), 30))
         wait_phase(crd, namespace, "blocker", {"Running", "Succeeded", "Failed"}, timeout=120)
         created = create(crd, namespace, tiny_job("churn", steps=20))
         wait_phase(crd, namespace, "churn", {"Queued"}, timeout=60)

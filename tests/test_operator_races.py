@@ -22,6 +22,7 @@ import yaml
 
 from helpers import require_module, wait_for
 from operator_harness import create, tiny_job, videojob
+from operator_inprocess import with_fault
 
 require_module("ray")
 require_module("xfuser")
@@ -58,7 +59,7 @@ class Operator:
         base = dict(ray_mode="address", ray_dashboard_url=ray_head.dashboard_url, inventory_file=str(inventory),
                     namespaces=[namespace], metrics_port=0, poll_interval_s=0.2, progress_interval_s=0.3,
                     retry_backoff_s=0.5, warm_group_ttl_s=600, queue_status_interval_s=0, sweep_interval_s=3600,
-                    cpus_per_rank=0.5, driver_python=sys.executable, ray_retry_s=0.5)
+                    cpus_per_rank=0.5, driver_python=sys.executable, ray_retry_s=0.5, allow_fault_injection=True)
         self.settings = OperatorSettings(**{**base, **settings})
         api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig))
         self.ray = ray or HttpRayClient(ray_head.dashboard_url, token=ray_head.token)
@@ -143,7 +144,10 @@ def test_restart_while_a_job_runs_on_a_reused_warm_group_books_it_once(crd, name
     assert x["status"]["phase"] == "Succeeded", x["status"].get("message")
     g = x["status"]["actorGroup"]["name"]
     assert x["status"]["actorGroup"]["kept"] and first.books()["idle"] == 1
-    create(crd, namespace, _one_rank("y", steps=60, video=SLOW_VIDEO))
+    # y stalls 30 s after its first step (not "many steps": their time depends on the load),
+    # so it still runs when the second operator rebuilds its books.
+    create(crd, namespace, with_fault(_one_rank("y", steps=2), [1], stage="denoise", kind="stall", step=1,
+                                      seconds=30))
     first.daemon("y")
     y = wait_for("y to run on x's warm group and make progress", lambda: (
         (obj := videojob(crd, namespace, "y")).get("status", {}).get("progress", {}).get("step", 0) >= 1 and obj),

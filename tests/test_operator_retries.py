@@ -23,7 +23,7 @@ require_module("xfuser")
 
 from operator_harness import videojob  # noqa: E402
 from operator_inprocess import InProcess, Outage, one_rank, operator_factory, with_fault  # noqa: E402
-from test_operator import SLOW_VIDEO, crd, ray_client, ray_head, roots  # noqa: E402,F401 - shared fixtures
+from test_operator import crd, ray_client, ray_head, roots  # noqa: E402,F401 - shared fixtures
 
 pytestmark = pytest.mark.cluster
 CPU1 = [{"name": "cpu1", "gpusPerPod": 1, "maxPods": 1}]
@@ -115,7 +115,9 @@ def test_ray_unreachable_then_back_the_job_completes(operators, crd, namespace, 
     outage = Outage(ray_head.dashboard_port)
     op = operators(dashboard_url=outage.url, ray_http_timeout_s=3.0)
     try:
-        op.create(one_rank("patient", steps=30, video=SLOW_VIDEO))
+        # `patient` stalls 30 s after its first step (not "many steps": their time depends on the
+        # load), so it still runs when Ray goes away the second time.
+        op.create(with_fault(one_rank("patient", steps=2), [1], stage="denoise", kind="stall", step=1, seconds=30))
         found = wait_for("a RayUnavailable condition while Ray is away", lambda: next(
             (p for _, p, _ in op.patches_of("patient")
              if any(c["reason"] == "RayUnavailable" for c in p.get("conditions") or [])), None), timeout=120)
@@ -139,7 +141,10 @@ def test_ray_unreachable_then_back_the_job_completes(operators, crd, namespace, 
     assert status["phase"] == "Succeeded", json.dumps(status, indent=1)[-3000:]
     assert [a["result"] for a in status["attempts"]] == ["Succeeded"], status["attempts"]
     # Ray's job table may be pruned of finished drivers: count what the operator submitted.
-    assert _metric(op, "videojob_ray_submissions_total") == 1, "the driver was submitted more than once"
+    # 0 is right too: a POST that timed out (3 s, on a loaded machine) after Ray took it
+    # is found on the retry and adopted, not submitted again.
+    submitted = _metric(op, "videojob_ray_submissions_total")
+    assert submitted <= 1, f"the driver was submitted {submitted:g} times"
     # A defect found here (left to the controller's owner): the Admitted condition written
     # while Ray was away is never set back, so a running, then succeeded, job says Ray is away.
     assert admitted_while_running["reason"] != "RayUnavailable", \

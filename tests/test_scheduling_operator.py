@@ -26,7 +26,8 @@ require_module("xfuser")
 
 from helpers import wait_for  # noqa: E402
 from operator_harness import OperatorProcess, create, tiny_job, videojob, wait_phase  # noqa: E402
-from test_operator import SLOW_VIDEO, crd, ray_client, ray_head, roots  # noqa: E402,F401 - shared fixtures
+from operator_inprocess import with_fault  # noqa: E402
+from test_operator import crd, ray_client, ray_head, roots  # noqa: E402,F401 - shared fixtures
 
 pytestmark = pytest.mark.cluster
 ADMISSION = re.compile(r"admission: (admitted|released|evicted|expired) (\S+) class=(\S+) .*allocated=(\d+)/(\d+)")
@@ -185,11 +186,14 @@ def test_out_of_memory_is_replanned_stricter_and_succeeds(crd, namespace, ray_he
 
 def test_a_killed_rank_is_retried_and_succeeds(crd, namespace, ray_head, ray_client, roots, tmp_path):  # noqa: F811
     env = _env(ray_head, tmp_path, [{"name": "cpu2", "gpusPerPod": 2, "maxPods": 1}],
-               VIDEOJOB_WARM_GROUP_TTL_S="0")
+               VIDEOJOB_ALLOW_FAULT_INJECTION="1", VIDEOJOB_WARM_GROUP_TTL_S="0")
     with OperatorProcess(crd, namespace, roots["work"], env):
-        create(crd, namespace, tiny_job("victim", steps=40, video=SLOW_VIDEO))
+        # The first attempt stalls 120 s after step 1 (not "many steps": their time depends on the
+        # load), so rank 1 is killed mid-run; the driver stops the other rank 5 s after it dies.
+        create(crd, namespace, with_fault(tiny_job("victim", steps=3), [1], stage="denoise", kind="stall",
+                                          step=1, seconds=120))
         wait_for("the job to make progress", lambda: ((videojob(crd, namespace, "victim").get("status") or {})
-                                                      .get("progress") or {}).get("step", 0) >= 2, timeout=180)
+                                                      .get("progress") or {}).get("step", 0) >= 1, timeout=180)
         group = videojob(crd, namespace, "victim")["status"]["attempts"][0]["group"]
         rank1 = next(a for a in ray_client.actors(f"{group}-rank1"))
         os.kill(int(rank1["pid"]), signal.SIGKILL)

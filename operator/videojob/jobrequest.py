@@ -8,12 +8,52 @@ cannot map a spec field differently. No torch: the operator imports it.
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any
 
 from .api import VideoJob
 from .catalog import get_model
 
 SEED_LIMIT = 2**32
+
+# JobRequest fields that change the frames a job produces: a checkpoint's
+# fingerprint (runtime checkpoint.py) and its directory's key. The layout
+# (ulysses, ring, cfg), the output location and the memory strategies that
+# are exact (offload, VAE tiling/slicing, decode offload) are left out on
+# purpose: a checkpoint resumes on any layout and GPU class.
+FINGERPRINT_FIELDS = ("model_id", "task", "source", "size", "dtype", "prompt", "negative_prompt", "width",
+                      "height", "frames", "steps", "guidance", "seed", "fp8_weights", "cache", "cache_threshold",
+                      "image", "face_image")
+CHECKPOINTS_DIR = ".videojob-checkpoints"
+# Jobs planned to take less than this have no checkpoints unless the spec asks.
+CHECKPOINT_MIN_PLANNED_S = 60.0
+
+
+def checkpoint_key(fields: dict[str, Any]) -> str:
+    """16 hex digits naming a job's checkpoint directory: the result-changing fields' digest."""
+    import json
+
+    text = json.dumps({k: fields.get(k) for k in FINGERPRINT_FIELDS}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def checkpoint_every_steps(job: VideoJob, layout: dict[str, Any]) -> int:
+    """How often the job saves a checkpoint (0: never), from spec.checkpoint and the plan:
+    off under a minute planned, else about every 10% of the steps; everySeconds is
+    turned into steps with the plan's denoise time per step."""
+    spec = job.spec.resolved()
+    steps = spec.sampling.steps
+    asked = spec.checkpoint
+    if asked is not None and asked.every_steps is not None:
+        return min(asked.every_steps, steps)
+    denoise = float((layout.get("seconds") or {}).get("denoise") or 0.0)
+    if asked is not None and asked.every_seconds is not None:
+        per_step = denoise / steps if denoise > 0 else 0.0
+        return min(steps, max(1, math.ceil(asked.every_seconds / per_step))) if per_step > 0 \
+            else max(1, round(steps / 10))
+    if float(layout.get("estimatedSeconds") or 0.0) < CHECKPOINT_MIN_PLANNED_S:
+        return 0
+    return max(1, round(steps / 10))
 
 
 def seed_for(job: VideoJob, drawn: int | None = None) -> int:
@@ -56,5 +96,6 @@ def job_fields(job: VideoJob, layout: dict[str, Any], job_id: str, output_name: 
         cache=layout["cache"],
         cache_threshold=spec.cache.threshold,
         output_name=output_name,
+        checkpoint_every_steps=checkpoint_every_steps(job, layout),
         result_extra={"plan": layout, "spec": job.spec.to_wire(), "seedDrawn": job.spec.seed is None},
     )

@@ -109,3 +109,13 @@ def is_peer_failure(exc: BaseException) -> bool:
     """This rank's collective failed because another rank left or aborted."""
     text = str(exc).lower()
     return any(marker in text for marker in _PEER_FAILURE_MARKERS)
+
+
+def agree_min(value: int, device: str, all_reduce: Callable | None = None) -> int:
+    """The smallest ``value`` any rank holds, on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    vote = torch.tensor([int(value)], dtype=torch.int64, device=device)
+    (all_reduce or dist.all_reduce)(vote, op=dist.ReduceOp.MIN)
+    return int(vote.cpu()[0])

@@ -113,6 +113,11 @@ def job_request(request: DriverRequest):
     _check_writable(output_dir, uri)
     job["output_dir"] = str(output_dir)
     job.setdefault("output_name", request.name)
+    if job.get("checkpoint_dir") is not None:
+        raise ValueError("job.checkpoint_dir is the driver's to set, beside the output")
+    from .checkpoint import job_directory
+
+    job["checkpoint_dir"] = str(job_directory(output_dir, job))
     job.setdefault("job_id", f"{request.name}-a{request.attempt}")
     try:
         return JobRequest.from_dict(job), output_dir, uri
@@ -243,6 +248,7 @@ def _summary(result: dict[str, Any], uri: str, output_dir: Path) -> dict[str, An
         loads=result.get("loads"),
         collectivesPerRank=result.get("collectives_per_rank"),
         decodeOffload=result.get("decode_offload"),
+        checkpoints=result.get("checkpoints"),
     )
     return out
 

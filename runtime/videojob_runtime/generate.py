@@ -112,7 +112,8 @@ def encode_and_park(pipe, req: JobRequest, kwargs: dict[str, Any], device: str) 
     return {**kwargs, **embeds.pipeline_kwargs()}
 
 
-def generate(pipe, req: JobRequest, conditioning: dict[str, Any], gate: StageGate, device: str, tracker=None):
+def generate(pipe, req: JobRequest, conditioning: dict[str, Any], gate: StageGate, device: str, tracker=None,
+             checkpoints=None):
     """Encode, denoise and decode one video; returns (frames or None, stage seconds).
 
     Frames are float32 [T, H, W, 3] in [0, 1] on the rank that decodes (under
@@ -143,8 +144,11 @@ def generate(pipe, req: JobRequest, conditioning: dict[str, Any], gate: StageGat
     if "callback_on_step_end" not in kwargs:
         # I2VGenXLPipeline has no step callback: run it after each scheduler step.
         step_hook = scheduler_step_callback(inner_pipeline(pipe), on_step_end)
+    from .resume import checkpointing
+
     call_start = time.perf_counter()
-    with torch.inference_mode(), (tracker if tracker is not None else contextlib.nullcontext()), step_hook:
+    with torch.inference_mode(), (tracker if tracker is not None else contextlib.nullcontext()), step_hook, \
+            checkpointing(checkpoints, pipe, kwargs.get("generator"), device):
         output = pipe(**kwargs)
     end = time.perf_counter()
     frames = output.frames[0] if output.frames is not None else None
@@ -152,6 +156,9 @@ def generate(pipe, req: JobRequest, conditioning: dict[str, Any], gate: StageGat
         frames = np.asarray(frames, dtype=np.float32)
     else:
         frames = None  # xfuser: only the last rank decodes
+    resumed = checkpoints.resume_step if checkpoints is not None else 0
+    if resumed:
+        marks = marks[resumed - 1:]  # the replayed steps took no model time
     step = (marks[-1] - marks[0]) / max(len(marks) - 1, 1) if marks else 0.0
     first = marks[0] if marks else end
     encode = (call_start - start) if encoded else max(first - call_start - step, 0.0)

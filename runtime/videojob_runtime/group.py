@@ -414,7 +414,9 @@ class ActorGroup:
         if failed:
             return self._failure(ordered, failed)
         main = next((r for r in ordered if r.get("output") or r.get("frames") is not None), ordered[-1])
-        return {**main, "collectives_per_rank": [r["collectives"] for r in ordered],
+        # Rank 0 writes the checkpoints: its report has their size and time.
+        return {**main, "checkpoints": ordered[0].get("checkpoints"),
+                "collectives_per_rank": [r["collectives"] for r in ordered],
                 "reused_all": all(r["reused"] for r in ordered), "ranks_ok": len(ordered)}
 
     def _collect(self, ref, rank: int) -> dict[str, Any]:

@@ -264,6 +264,10 @@ def job_request(job: VideoJob, layout_json: dict[str, Any], out_dir: Path | None
     name = output_name(job)
     fields = job_fields(job, layout_json, job_id=name if job.name else uuid.uuid4().hex[:8], output_name=name,
                         seed=seed_for(job, drawn=secrets.randbelow(SEED_LIMIT)))
+    if out_dir:
+        from .checkpoint import job_directory
+
+        fields["checkpoint_dir"] = str(job_directory(Path(out_dir), fields))
     return JobRequest(**fields, output_dir=str(out_dir) if out_dir else None)
 
 

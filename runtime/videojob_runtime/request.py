@@ -108,6 +108,11 @@ class JobRequest:
     # the operator's re-plan tests), or any fault on one rank.
     inject_oom: str | None = None
     inject_fault: dict[str, Any] | None = None
+    # Denoising checkpoints (resume.py): the job's own directory (on the output's
+    # volume, where every rank reads it), and how often to save (0: never; a
+    # checkpoint already there is still resumed from).
+    checkpoint_dir: str | None = None
+    checkpoint_every_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.size not in SIZES:
@@ -118,6 +123,9 @@ class JobRequest:
             raise ValueError(f"JobRequest.decode_offload needs offload 'none' (got offload {self.offload!r}: "
                              "its hooks already move the weights)")
         self.fault()  # validates inject_fault
+        if not isinstance(self.checkpoint_every_steps, int) or self.checkpoint_every_steps < 0:
+            raise ValueError(f"JobRequest.checkpoint_every_steps must be a whole number >= 0, "
+                             f"got {self.checkpoint_every_steps!r}")
         problem = name_problem(self.output_name)
         if problem is not None:  # it becomes file names: checked wherever a request is made or received
             raise ValueError(f"JobRequest.output_name (metadata.name) {problem}")

@@ -63,6 +63,7 @@ class _JobGate:
         self.fault: FaultInjection | None = req.fault()
         self.stage = "load"
         self.step = 0
+        self.resumed_from = 0  # the checkpoint step this run resumed from
 
     def _inject(self, stage: str, step: int | None = None) -> None:
         fault = self.fault
@@ -293,7 +294,9 @@ class RankWorker:
             counts_before = collectives.total()
             from .generate import generate
 
-            frames, stage_times = generate(self.pipe, req, conditioning, gate, self.device, tracker)
+            checkpoints, refused = self._checkpoint_plan(req)
+            gate.resumed_from = checkpoints.resume_step if checkpoints is not None else 0
+            frames, stage_times = generate(self.pipe, req, conditioning, gate, self.device, tracker, checkpoints)
             timings.update(stage_times)
             gate.enter("write")  # after decode: a cancel here leaves nothing written
             result: dict[str, Any] = {
@@ -309,15 +312,19 @@ class RankWorker:
                 "frames": None,
                 "cache": self.cache.stats() if self.cache is not None else None,
                 "decode_offload": self._decode_offload_report(),
+                "checkpoints": {**checkpoints.report(), "refused": refused} if checkpoints is not None else None,
             }
             if frames is not None:
                 result.update(self._deliver(req, frames, result, timings, gate))
+                if checkpoints is not None:
+                    checkpoints.store.remove()  # the outputs are written: nothing left to resume
             self.progress.state, self.progress.stage = "done", ""
             return result
         except Cancelled as exc:
             self.progress.state = "cancelled"
+            resumed = {"resumedFromStep": gate.resumed_from} if gate.resumed_from else {}
             return {"ok": False, "rank": self.rank, "consistent": True,
-                    "error": {**exc.to_dict(), "rank": self.rank}}
+                    "error": {**exc.to_dict(), "rank": self.rank, **resumed}}
         except Exception as exc:  # noqa: BLE001 - every failure becomes data for the operator
             return self._failed(exc, gate, tracker)
         finally:
@@ -330,6 +337,8 @@ class RankWorker:
         details: dict[str, Any] = {"rank": self.rank, "time": time.time()}
         if stage == "denoise" and gate.step:
             details["step"] = gate.step
+        if gate.resumed_from:
+            details["resumedFromStep"] = gate.resumed_from
         if is_out_of_memory(exc):
             failure: JobFailure = OutOfMemory(stage, self._peak_bytes(tracker), str(exc), **details)
         elif isinstance(exc, JobFailure):
@@ -378,6 +387,15 @@ class RankWorker:
         return {"frames_shape": list(frames.shape), "frames_digest": digest,
                 "output": {"video": str(written.video), "poster": str(written.poster),
                            "result": str(written.result), "bytes": written.video_bytes}}
+
+    def _checkpoint_plan(self, req: JobRequest):
+        """(plan, refused checkpoints): the ranks agree on the step they resume from."""
+        from .resume import plan_for
+
+        agree = None
+        if self.world_size > 1:
+            agree = lambda value: distributed.agree_min(value, self.device)  # noqa: E731
+        return plan_for(req, self.rank, self.world_size, self.device, self.pipe, agree)
 
     def _prepare_job(self, req: JobRequest) -> None:
         """Per-job settings on a warm pipeline: the VAE's (tiling, slicing, unread

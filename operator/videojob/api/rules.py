@@ -340,6 +340,21 @@ def _memory_rules() -> list[SpecRule]:
     ]
 
 
+def _checkpoint_rules() -> list[SpecRule]:
+    def one_of(spec: VideoJobSpec) -> Optional[str]:
+        c = spec.checkpoint
+        if c is None or c.every_steps is None or c.every_seconds is None:
+            return None
+        return "checkpoint.everySteps and checkpoint.everySeconds are both set: keep one"
+
+    return [SpecRule(
+        field="checkpoint.everySeconds",
+        cel="!has(self.checkpoint) || !has(self.checkpoint.everySteps) || !has(self.checkpoint.everySeconds)",
+        cel_message="'checkpoint.everySteps and checkpoint.everySeconds are both set: keep one'",
+        check=one_of,
+    )]
+
+
 SPEC_RULES: tuple[SpecRule, ...] = tuple(
     _frame_rules()
     + _size_rules()
@@ -348,6 +363,7 @@ SPEC_RULES: tuple[SpecRule, ...] = tuple(
     + _cache_rules()
     + _parallel_rules()
     + _memory_rules()
+    + _checkpoint_rules()
 )
 
 

@@ -191,6 +191,20 @@ class OutputSpec(WireModel):
                                        "or local://path, never outside its root.")
 
 
+class CheckpointSpec(WireModel):
+    """Denoising checkpoints: where a new attempt (a lost rank, pod or driver, an
+    out-of-memory re-plan) resumes instead of starting from step 0."""
+
+    every_steps: Optional[int] = Field(
+        default=None, ge=0, le=200,
+        description="Save after every N denoising steps (0 turns checkpoints off). Default: off for jobs planned "
+                    "to take under a minute, else about every 10% of the steps.")
+    every_seconds: Optional[float] = Field(
+        default=None, ge=5.0, le=3600.0,
+        description="Save about every N seconds of denoising (5-3600), turned into steps with the plan's step "
+                    "time. Set everySteps or everySeconds, not both.")
+
+
 class VideoJobSpec(WireModel):
     """The whole request. See ``rules.py`` for the cross-field rules."""
 
@@ -215,6 +229,9 @@ class VideoJobSpec(WireModel):
     memory: Optional[MemorySpec] = Field(default=None, description="Force memory strategies (default: the "
                                                                    "planner's choice).")
     output: Optional[OutputSpec] = Field(default=None, description="Where the video goes.")
+    checkpoint: Optional[CheckpointSpec] = Field(
+        default=None, description="Denoising checkpoints beside the output (default: on for jobs planned to take "
+                                  "a minute or more).")
 
     @property
     def effective_task(self) -> str:

@@ -118,6 +118,11 @@ class MeasuredStatus(WireModel):
     write_seconds: Optional[float] = Field(default=None, description="Seconds writing the mp4, poster and result.")
     cache_skip_ratio: Optional[float] = Field(default=None, description="Share of denoiser work the step cache "
                                                                         "reused (0-1).")
+    steps_computed: Optional[int] = Field(default=None, ge=0, description="Denoising steps computed by all "
+                                                                          "attempts together.")
+    checkpoint_seconds: Optional[float] = Field(default=None, description="Seconds the last attempt spent "
+                                                                          "saving checkpoints.")
+    checkpoint_bytes: Optional[int] = Field(default=None, ge=0, description="Size of one checkpoint, bytes.")
 
 
 class Attempt(WireModel):
@@ -137,6 +142,10 @@ class Attempt(WireModel):
         default=None, description="The Ray job (driver) of this attempt; written before it is submitted, so a "
                                   "restarted operator adopts it instead of submitting another.")
     group: Optional[str] = Field(default=None, description="The actor group this attempt runs on.")
+    resumed_from_step: Optional[int] = Field(
+        default=None, ge=0, description="The checkpoint's step this attempt resumed from (0: from the start).")
+    steps_computed: Optional[int] = Field(
+        default=None, ge=0, description="Denoising steps this attempt computed (as far as known when it ended).")
 
 
 class ActorGroupStatus(WireModel):

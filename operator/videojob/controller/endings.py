@@ -33,7 +33,7 @@ from ..raycluster.client import RayUnavailable
 from .context import epoch
 from .groups import teardown_groups
 from .hygiene import after_end
-from .outcome import NOT_OURS, Outcome, clip, story, success_changes
+from .outcome import NOT_OURS, Outcome, attempt_steps, clip, story, success_changes
 from .status import now
 
 log = logging.getLogger("videojob.controller")
@@ -50,11 +50,12 @@ def counted(attempts: list[dict[str, Any]]) -> int:
 class Endings:
     """``JobLifecycle``'s endings of attempts (see the module)."""
 
-    def _ended_attempts(self, attempt: dict[str, Any], result: str, reason: str, message: str) -> list[dict]:
+    def _ended_attempts(self, attempt: dict[str, Any], result: str, reason: str, message: str,
+                        record: dict[str, Any] | None = None) -> list[dict]:
         attempts = list(self.book.status.get("attempts") or [])
         index = next(i for i, a in enumerate(attempts) if a.get("number") == attempt["number"])
         attempts[index] = {**attempts[index], "finishedAt": now(), "result": result, "reason": reason,
-                           "message": message}
+                           "message": message, **attempt_steps(record or {}, self.book.status)}
         self.ctx.metrics.attempts.labels(result=result).inc()
         return attempts
 
@@ -74,10 +75,13 @@ class Endings:
         pool = self._pool_key(job, plan)
         changes.update({
             "phase": Phase.SUCCEEDED.value, "completionTime": now(),
-            "attempts": self._ended_attempts(attempt, "Succeeded", Reason.SUCCEEDED.value, ""),
+            "attempts": self._ended_attempts(attempt, "Succeeded", Reason.SUCCEEDED.value, "", result),
             "actorGroup": {"name": group, "reused": bool(result.get("groupReused")), "kept": kept,
                            "poolKey": pool if kept else None},
             "conditions": self.book.condition(ConditionType.COMPLETED, "True", Reason.SUCCEEDED, changes["message"])})
+        computed = sum(a.get("stepsComputed") or 0 for a in changes["attempts"])
+        if computed:
+            changes["measured"] = {**changes["measured"], "stepsComputed": computed}
         started = self.book.status.get("startTime")
         # The status first, then the books: if the write fails, the daemon starts again
         # from a status that still says Running and books that still hold the job (a
@@ -95,7 +99,8 @@ class Endings:
                outcome: Outcome) -> bool:
         """After a failed attempt: record it, free its GPUs and group, and either set up
         the next attempt (True) or fail the job with every attempt's story (False)."""
-        attempts = self._ended_attempts(attempt, outcome.attempt_result, outcome.reason, outcome.message)
+        attempts = self._ended_attempts(attempt, outcome.attempt_result, outcome.reason, outcome.message,
+                                        outcome.result)
         self.ctx.admissions.finish(self.key)
         self._capacity_metrics()
         group = attempt.get("group")

@@ -211,6 +211,21 @@ def outcome_of(ray_job: RayJob, result: dict[str, Any] | None, logs: str = "") -
     return Outcome(kind, reason, message, result)
 
 
+def attempt_steps(record: dict[str, Any], status: dict[str, Any]) -> dict[str, int]:
+    """An ended attempt's ``resumedFromStep`` and ``stepsComputed``, from its driver's
+    record: a success computed the steps after its checkpoint; a failure, up to the
+    step it failed after (else the last progress the operator saw)."""
+    steps = int((status.get("progress") or {}).get("steps") or 0)
+    if record.get("ok"):
+        resumed = int((record.get("checkpoints") or {}).get("resumedFromStep") or 0)
+        return {"resumedFromStep": resumed, "stepsComputed": max(steps - resumed, 0)} if steps else \
+            {"resumedFromStep": resumed}
+    error = record.get("error") or {}
+    resumed = int(error.get("resumedFromStep") or 0)
+    reached = int(error.get("step") or (status.get("progress") or {}).get("step") or 0)
+    return {"resumedFromStep": resumed, "stepsComputed": max(reached - resumed, 0)}
+
+
 def success_changes(status: dict[str, Any], result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(status changes, measured) for a job whose attempt succeeded."""
     measured = {k: v for k, v in (result.get("measured") or {}).items() if v is not None}
@@ -219,6 +234,10 @@ def success_changes(status: dict[str, Any], result: dict[str, Any]) -> tuple[dic
         total = cache.get("evaluations", 0) + cache.get("skipped", 0)
         if total:
             measured["cacheSkipRatio"] = round(cache.get("skipped", 0) / total, 4)
+    checkpoints = result.get("checkpoints") or {}
+    if checkpoints.get("written"):
+        measured["checkpointSeconds"] = round(float(checkpoints.get("seconds") or 0.0), 3)
+        measured["checkpointBytes"] = int(checkpoints.get("bytes") or 0)
     output = result.get("output") or {}
     estimated = (status.get("plan") or {}).get("estimatedPeakGiBPerGPU")
     message = (f"wrote {output.get('uri') or output.get('video')} ({output.get('bytes')} bytes); "
