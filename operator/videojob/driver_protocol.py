@@ -239,6 +239,17 @@ def group_name(owner_uid: str, tag: str = "") -> str:
     return f"{GROUP_PREFIX}{owner_uid}" + (f"-{tag}" if tag else "")
 
 
+def preempt_entrypoint(group: str, job_id: str, world: int, python: str = "python") -> str:
+    """The entrypoint of a driver that asks every rank of ``group`` to stop job
+    ``job_id`` at its next step boundary, saving a checkpoint first (a preemption)."""
+    if not group.startswith(GROUP_PREFIX) or not all(c.isalnum() or c == "-" for c in group):
+        raise ValueError(f"not a group name: {group!r}")
+    if not job_id or not all(c.isalnum() or c in "-." for c in job_id):
+        raise ValueError(f"not a job id: {job_id!r}")
+    return (f"{shlex.quote(python)} -m videojob_runtime.driver --preempt {group} --job {job_id} "
+            f"--world {int(world)}")
+
+
 def teardown_entrypoint(group: str, world: int = 0, python: str = "python") -> str:
     """The entrypoint of a driver that removes group ``group`` by name (its
     ranks ``0..world-1``, any other rank alive under that name, its placement

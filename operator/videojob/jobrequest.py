@@ -46,7 +46,9 @@ def checkpoint_every_steps(job: VideoJob, layout: dict[str, Any]) -> int:
     asked = spec.checkpoint
     if asked is not None and asked.every_steps is not None:
         return min(asked.every_steps, steps)
-    denoise = float((layout.get("seconds") or {}).get("denoise") or 0.0)
+    # The plan's denoise seconds (a planner choice has them; a status.plan has only the
+    # whole estimate, an upper bound that makes the interval a little shorter).
+    denoise = float((layout.get("seconds") or {}).get("denoise") or layout.get("estimatedSeconds") or 0.0)
     if asked is not None and asked.every_seconds is not None:
         per_step = denoise / steps if denoise > 0 else 0.0
         return min(steps, max(1, math.ceil(asked.every_seconds / per_step))) if per_step > 0 \

@@ -5,7 +5,7 @@
   (NCCL alone rejects CPU tensors: a CPU flag all-reduced on an NCCL group
   fails the job at its first step).
 * Agreement: decisions every rank must take together (cancel at a stage
-  boundary) are all-reduced as tensors on the rank's own device.
+  boundary, and its level: stop, or save a checkpoint and stop) are all-reduced as tensors on the rank's own device.
 * Abort: when a rank fails mid-job its peers may be blocked in a collective
   that will never complete; aborting this rank's groups makes theirs fail
   within a second (gloo: "Connection closed by peer"; NCCL: comm abort)
@@ -80,6 +80,16 @@ def agree(flag: bool, device: str, all_reduce: Callable | None = None) -> bool:
     vote = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
     (all_reduce or dist.all_reduce)(vote, op=dist.ReduceOp.MAX)
     return bool(vote.cpu()[0])
+
+
+def agree_max(value: int, device: str, all_reduce: Callable | None = None) -> int:
+    """The largest ``value`` any rank holds, on every rank (a cancel's level)."""
+    import torch
+    import torch.distributed as dist
+
+    vote = torch.tensor([int(value)], dtype=torch.int32, device=device)
+    (all_reduce or dist.all_reduce)(vote, op=dist.ReduceOp.MAX)
+    return int(vote.cpu()[0])
 
 
 def abort() -> None:

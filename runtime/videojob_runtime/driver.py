@@ -36,6 +36,12 @@ whether it was reused, its world size). The stop (SIGTERM from
 ``--teardown GROUP --world N``: attach to a group by name and remove it
 (the operator's cleanup after a driver that was SIGKILLed before it could);
 prints a result record with what was removed.
+
+``--preempt GROUP --job JOB_ID --world N``: attach to a running group by name
+and ask each rank to stop the job at its next boundary, saving the step's
+checkpoint first (``gate.py``); the job's own driver then prints a result
+with reason ``Preempted`` and ``checkpointStep``. This one prints a result
+record with the ranks it asked (exit 0), or ``GroupNotFound`` (exit 1).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from typing import Any
 
 from videojob.driver_protocol import GROUP_PREFIX, PROTOCOL, DriverRequest, ProtocolIncompatible, decode_request
 
+from .printers import PlacementPrinter, ProgressPrinter  # noqa: F401 - tests import them from here
 from .stopping import NAMESPACE, OUT, STATE, finish, group_present, install_stop_handling, remove_group
 
 log = logging.getLogger("videojob.driver")
@@ -204,29 +211,6 @@ def _layout(actor) -> tuple:  # runs inside a RankActor (__ray_call__)
     return (w.world_size, w.ulysses, w.ring, w.cfg, w.device)
 
 
-class ProgressPrinter:
-    """A progress record when (step, stage, state) changed, at most every ``interval_s``
-    (a change held back is printed once the interval has passed: the callback runs every poll)."""
-
-    def __init__(self, interval_s: float, job_id: str):
-        self.interval_s, self.job_id = interval_s, job_id
-        self.last_key: tuple | None = None
-        self.last_at = float("-inf")
-
-    def __call__(self, progress: dict[str, Any]) -> None:
-        if progress.get("job_id") != self.job_id:
-            return  # a warm rank that has not begun this job yet still shows the last one
-        STATE.progress = progress
-        key = (progress.get("step"), progress.get("stage"), progress.get("state"))
-        now = time.monotonic()
-        if key == self.last_key or now - self.last_at < self.interval_s:
-            return
-        self.last_key, self.last_at = key, now
-        OUT.emit("progress", step=progress.get("step", 0), steps=progress.get("steps", 0),
-                 percent=progress.get("percent", 0), stage=progress.get("stage", ""),
-                 state=progress.get("state", ""), job_id=self.job_id)
-
-
 def _summary(result: dict[str, Any], uri: str, output_dir: Path) -> dict[str, Any]:
     """The result record's fields for a finished group.run."""
     out: dict[str, Any] = {"ok": bool(result.get("ok")), "error": result.get("error")}
@@ -339,29 +323,6 @@ def _staging_dir(path: str | None) -> None:
     STATE.staging_dir = path
 
 
-class PlacementPrinter:
-    """Progress records while the group's placement waits (``placement.wait_placed``):
-    stage ``placement``, state ``waiting-for-node`` while the autoscaler launches a
-    node of the group's type, ``waiting-for-room`` while nothing is launching."""
-
-    def __init__(self, job_id: str, steps: int, group):
-        self.job_id, self.steps = job_id, steps
-        self.world, self.node_type = group.ulysses * group.ring * group.cfg, group.node_type
-
-    def __call__(self, wait: dict[str, Any]) -> None:
-        node_type = wait.get("nodeType") or self.node_type
-        if wait["state"] == "waiting-for-node":
-            message = (f"waiting for a node of class {node_type} (the autoscaler is starting one: "
-                       f"{wait.get('launching')}; {wait['waitedS']}s so far, at most {wait['maxWaitS']:.0f}s)")
-        else:
-            message = (f"waiting for room for {self.world} rank(s) in one pod"
-                       + (f" of class {node_type}" if node_type else "")
-                       + f" (nothing is launching; {wait['idleS']}s of {wait['timeoutS']:.0f}s)")
-        STATE.progress = {"stage": "placement", "state": wait["state"]}
-        OUT.emit("progress", step=0, steps=self.steps, percent=0, stage="placement", state=wait["state"],
-                 nodeType=node_type, waitedS=wait["waitedS"], message=message, job_id=self.job_id)
-
-
 def _teardown(group, name: str | None, world: int) -> None:
     started = time.monotonic()
     try:
@@ -413,6 +374,41 @@ def teardown(name: str, world: int) -> int:
     return _result({"ok": True, "error": None}, {"groupName": name, "removed": removed, "teardown": True})
 
 
+def preempt(name: str, world: int, job_id: str) -> int:
+    """``--preempt``: ask every rank of group ``name`` to stop job ``job_id`` at its next
+    boundary, saving the step's checkpoint first (the job's own driver then reports it
+    ``Preempted``); prints a result record naming the ranks asked. The group is not ours:
+    nothing is removed, also when this driver is stopped (``STATE.group_name`` stays unset)."""
+    import ray
+
+    STATE.stage = "preempt"
+    extra: dict[str, Any] = {"groupName": name, "jobId": job_id, "preempt": True}
+    if not _GROUP_NAME.fullmatch(name):
+        return _result(_fail("BadRequest", "request", f"group name {name!r} must be 'vj-' followed by letters, "
+                                                      "digits and '-'"), extra)
+    if world < 1 or not job_id:
+        return _result(_fail("BadRequest", "request", "--preempt needs --job JOB_ID and --world N (N >= 1)"), extra)
+    try:
+        ray.init(address="auto", namespace=NAMESPACE, log_to_driver=False)
+    except Exception as exc:  # noqa: BLE001
+        return _result(_fail("RayUnavailable", "init", f"cannot connect to the Ray cluster: {exc}"), extra)
+    STATE.ray_ready = True
+    from .group import ActorGroup, GroupSpec
+
+    try:
+        group = ActorGroup.attach(GroupSpec(name=name, ulysses=world))
+    except Exception as exc:  # noqa: BLE001 - ValueError: a rank is not there
+        return _result(_fail("GroupNotFound", "preempt", f"group {name} (world {world}) is not running: "
+                                                         f"{(str(exc).strip().splitlines() or [''])[0]}"), extra)
+    ranks = group.cancel(job_id, checkpoint=True)
+    asked = [r["rank"] for r in ranks if r["asked"]]
+    log.info("preempt group=%s job=%s asked=%s", name, job_id, asked)
+    if not asked:
+        return _result(_fail("PreemptFailed", "preempt", f"no rank of group {name} could be asked"),
+                       {**extra, "ranks": ranks})
+    return _result({"ok": True, "error": None}, {**extra, "asked": asked, "ranks": ranks})
+
+
 # -- entry point -------------------------------------------------------------------
 
 
@@ -441,9 +437,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--request-env", action="store_true",
                       help=f"the request is in ${REQUEST_ENV} (what --request becomes: see hide_request)")
     mode.add_argument("--teardown", metavar="GROUP", help="remove this group (its actors and placement group)")
+    mode.add_argument("--preempt", metavar="GROUP",
+                      help="ask this group's ranks to checkpoint and stop the job --job at its next step boundary")
     parser.add_argument("--world", type=int, default=0,
                         help="with --teardown: the group's world size (ranks 0..N-1; any other rank alive "
-                             "under the group's name is removed too)")
+                             "under the group's name is removed too); with --preempt: its ranks 0..N-1")
+    parser.add_argument("--job", default="", help="with --preempt: the job id to preempt")
     return parser.parse_args(argv)
 
 
@@ -454,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.teardown:
         return finish(teardown(args.teardown, args.world))
+    if args.preempt:
+        return finish(preempt(args.preempt, args.world, args.job))
     encoded = args.request if args.request is not None else os.environ.pop(REQUEST_ENV, "")
     try:
         request, ignored = decode_request(encoded)

@@ -40,6 +40,14 @@ class Cancelled(JobFailure):
     reason = "Cancelled"
 
 
+class Preempted(Cancelled):
+    """Stopped at a boundary by a cancel that asked for a checkpoint (a preemption):
+    an agreed stop like a cancel, whose details say which step the next attempt
+    resumes from (``checkpointStep``: 0 when none is on disk)."""
+
+    reason = "Preempted"
+
+
 class ModelSourceMissing(JobFailure):
     reason = "ModelSourceMissing"
 

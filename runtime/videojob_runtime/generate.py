@@ -1,7 +1,9 @@
 """One pipeline call: the arguments, the prompt encoding, the per-step hooks, stage times.
 
 The worker hands in a ``gate``: an object with ``enter(stage)`` (called at
-each stage boundary) and ``step_done(index)`` (after every denoising step).
+each stage boundary) and ``step_done(index)`` (after every denoising step),
+and optionally ``use_checkpoints(hooks)`` (the checkpoint hooks for the
+pipeline call, then None: a preemption saves the step it stops at).
 The gate reports progress, fires injected faults and takes the ranks' agreed
 cancel vote; this module only decides where the boundaries are, which is the
 same on every rank, so the votes line up.
@@ -55,11 +57,15 @@ def scheduler_step_callback(pipe, on_step_end):
         on_step_end(pipe, index, timestep, {})
         return out
 
+    had, previous = "step" in vars(scheduler), vars(scheduler).get("step")
     scheduler.step = step
     try:
         yield
-    finally:
-        del scheduler.step  # the instance attribute; the class method shows again
+    finally:  # what was there before: the checkpoint hook's wrapper, or the class method
+        if had:
+            scheduler.step = previous
+        else:
+            del scheduler.step
 
 
 def pipeline_kwargs(pipe, req: JobRequest, conditioning: dict[str, Any], on_step_end) -> dict[str, Any]:
@@ -146,10 +152,19 @@ def generate(pipe, req: JobRequest, conditioning: dict[str, Any], gate: StageGat
         step_hook = scheduler_step_callback(inner_pipeline(pipe), on_step_end)
     from .resume import checkpointing
 
+    use_checkpoints = getattr(gate, "use_checkpoints", None)
     call_start = time.perf_counter()
-    with torch.inference_mode(), (tracker if tracker is not None else contextlib.nullcontext()), step_hook, \
-            checkpointing(checkpoints, pipe, kwargs.get("generator"), device):
-        output = pipe(**kwargs)
+    # The checkpoint hook goes on first, so the step callback (I2VGen-XL's) wraps it: the
+    # step's outputs are kept before the gate votes, and a preemption there can save them.
+    with torch.inference_mode(), (tracker if tracker is not None else contextlib.nullcontext()), \
+            checkpointing(checkpoints, pipe, kwargs.get("generator"), device) as hooks, step_hook:
+        if use_checkpoints is not None:
+            use_checkpoints(hooks)
+        try:
+            output = pipe(**kwargs)
+        finally:
+            if use_checkpoints is not None:
+                use_checkpoints(None)  # after the call no step's outputs are there to save
     end = time.perf_counter()
     frames = output.frames[0] if output.frames is not None else None
     if frames is not None and not (isinstance(frames, (list, tuple)) and frames and frames[0] is None):

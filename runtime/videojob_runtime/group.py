@@ -105,8 +105,8 @@ class RankActor:
     def progress(self):
         return self.worker.get_progress()
 
-    def cancel(self, job_id: str | None = None):
-        return self.worker.cancel(job_id)
+    def cancel(self, job_id: str | None = None, checkpoint: bool = False):
+        return self.worker.cancel(job_id, checkpoint)
 
     def health(self):
         return self.worker.health()
@@ -356,13 +356,20 @@ class ActorGroup:
     def progress(self) -> dict[str, Any]:
         return ray.get(self.actors[0].progress.remote(), timeout=30)
 
-    def cancel(self, job_id: str | None = None) -> None:
-        """Ask every rank to stop ``job_id`` (None: the job running now) at its next boundary."""
-        for actor in self.actors:
+    def cancel(self, job_id: str | None = None, checkpoint: bool = False) -> list[dict[str, Any]]:
+        """Ask every rank to stop ``job_id`` (None: the job running now) at its next boundary;
+        ``checkpoint``: saving the step's checkpoint first (a preemption). One record per rank:
+        ``{"rank", "asked": True, "job"}`` (the job id the rank recorded; None: it runs none),
+        or ``{"rank", "asked": False, "error"}`` for a rank that could not be asked. The ranks'
+        vote takes the highest level any of them holds, so one rank asked stops them all."""
+        refs = [actor.cancel.remote(job_id, checkpoint) for actor in self.actors]
+        answers = []
+        for rank, ref in enumerate(refs):
             try:
-                ray.get(actor.cancel.remote(job_id), timeout=10)
-            except Exception:  # noqa: BLE001 - a dead rank cannot be asked; run() reports it
-                pass
+                answers.append({"rank": rank, "asked": True, "job": ray.get(ref, timeout=10)})
+            except Exception as exc:  # noqa: BLE001 - a dead rank cannot be asked; run() reports it
+                answers.append({"rank": rank, "asked": False, "error": _headline(exc)})
+        return answers
 
     # -- one job -----------------------------------------------------------
 

@@ -32,20 +32,30 @@ class Progress:
         return {**asdict(self), "percent": self.percent}
 
 
+# Cancel levels: what a job was asked (the ranks agree on the highest any of them holds).
+NOT_CANCELLED, STOP, STOP_AND_CHECKPOINT = 0, 1, 2
+
+
 class CancelTokens:
-    """Which jobs were asked to stop. ``cancel(None)`` stops the job running now."""
+    """Which jobs were asked to stop, and whether to save a checkpoint first
+    (a preemption). ``cancel(None)`` stops the job running now."""
 
     def __init__(self, remember: int = 256):
         self._lock = threading.Lock()
-        self._cancelled: collections.deque[str] = collections.deque(maxlen=remember)
+        self._remember = remember
+        self._levels: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._current: str | None = None
 
-    def cancel(self, job_id: str | None = None) -> str | None:
-        """Returns the job id the cancel was recorded for (None: nothing to cancel)."""
+    def cancel(self, job_id: str | None = None, checkpoint: bool = False) -> str | None:
+        """Returns the job id the cancel was recorded for (None: nothing to cancel).
+        A job asked both ways keeps the higher level: saving first costs a stop nothing."""
         with self._lock:
             target = job_id if job_id is not None else self._current
-            if target is not None and target not in self._cancelled:
-                self._cancelled.append(target)
+            if target is not None:
+                level = STOP_AND_CHECKPOINT if checkpoint else STOP
+                self._levels[target] = max(level, self._levels.pop(target, NOT_CANCELLED))
+                while len(self._levels) > self._remember:
+                    self._levels.popitem(last=False)
             return target
 
     def begin(self, job_id: str) -> None:
@@ -53,9 +63,16 @@ class CancelTokens:
             self._current = job_id
 
     def end(self) -> None:
+        """The job ran: a cancel it got is used up (the same id run again later starts clean)."""
         with self._lock:
+            if self._current is not None:
+                self._levels.pop(self._current, None)
             self._current = None
 
-    def is_cancelled(self, job_id: str) -> bool:
+    def level(self, job_id: str) -> int:
+        """``NOT_CANCELLED``, ``STOP`` or ``STOP_AND_CHECKPOINT``."""
         with self._lock:
-            return job_id in self._cancelled
+            return self._levels.get(job_id, NOT_CANCELLED)
+
+    def is_cancelled(self, job_id: str) -> bool:
+        return self.level(job_id) > NOT_CANCELLED

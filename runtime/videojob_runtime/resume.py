@@ -10,7 +10,9 @@ are put on for one call and taken off after it:
   generator's and torch's RNG states: a checkpoint. When resuming from step
   k it lets steps 1..k run on dummy inputs and, at step k, puts back what
   the checkpoint holds, so the loop goes on from step k+1 exactly as the
-  interrupted run would have;
+  interrupted run would have. It keeps the last step's outputs, so a
+  preemption at that step's boundary can save it off the schedule
+  (``save_now``);
 - the denoiser's ``forward``: for steps 1..k of a resume it returns zeros
   shaped like its input instead of running the model (the scheduler hook
   throws those steps' results away).
@@ -157,6 +159,7 @@ class _Hooks:
         self.step_signature = inspect.signature(type(_base(self.scheduler)).step)
         self.calls = 0  # scheduler steps taken in this call (the loop's index)
         self.slice_shape = None
+        self.last: tuple[int, Any] | None = None  # (step, its scheduler outputs): what save_now saves
 
     # -- the whole <-> this rank's slice --------------------------------------
     def _whole(self, t):
@@ -198,9 +201,18 @@ class _Hooks:
                 return _with_outputs(None, kind, [sample] + [None] * (width - 1))
             return self._restore(kind, resume.state)
         out = original(*args, **kwargs)
+        self.last = (step, out)
         if self.plan.due(step):
             self._save(step, out)
         return out
+
+    def save_now(self, step: int) -> None:
+        """Save step ``step``'s checkpoint now, off the schedule (a preemption at the
+        step's boundary). A collective under sequence parallel: every rank calls it."""
+        if self.last is None or self.last[0] != step:
+            have = self.last[0] if self.last is not None else None
+            raise ValueError(f"save_now({step}): the last step taken is {have}")
+        self._save(step, self.last[1])
 
     def _save(self, step: int, out) -> None:
         import torch
@@ -261,8 +273,10 @@ class _Skipped(tuple):
 
 @contextlib.contextmanager
 def checkpointing(plan: StepCheckpointing | None, pipe, generator, device: str):
-    """Put the hooks on ``pipe`` for one call (nothing when ``plan`` is None)."""
-    if plan is None or (plan.every_steps == 0 and plan.resume_from is None):
+    """Put the hooks on ``pipe`` for one call (nothing when ``plan`` is None). With a
+    plan the step hook is on even when no save is scheduled: a preemption saves
+    the step it stops at (``save_now``)."""
+    if plan is None:
         yield None
         return
     hooks = _Hooks(plan, pipe, generator, device)

@@ -11,11 +11,13 @@ boundary is a plain dict. Its promises:
 * Cancel is per job (``cancel(job_id)``), counts even when it arrives before
   the job starts, and is honoured at every stage boundary (start, after load,
   after inputs, after encode, after each step, after decode) by a vote all
-  ranks take together, so every rank stops at the same point.
+  ranks take together, so every rank stops at the same point. A cancel that
+  asks for a checkpoint (``cancel(job_id, checkpoint=True)``) is a preemption:
+  the ranks save the step's checkpoint and stop as ``Preempted`` (``gate.py``).
 * A failure under sequence parallel aborts this rank's process groups, so
   peers blocked in a collective fail within a second instead of waiting for
   the group timeout; the worker is then ``broken`` and its group must be torn
-  down. Only agreed stops (cancel) and refusals before the job starts leave
+  down. Only agreed stops (cancel, preemption) and refusals before the job starts leave
   the group usable (``consistent`` in the result).
 """
 
@@ -29,9 +31,10 @@ import traceback
 from typing import Any
 
 from . import collectives, distributed
-from .errors import Cancelled, InjectedOOM, JobFailure, OutOfMemory, is_out_of_memory
+from .errors import Cancelled, JobFailure, OutOfMemory, is_out_of_memory
+from .gate import JobGate as _JobGate
 from .progress import CancelTokens, Progress
-from .request import FaultInjection, JobRequest
+from .request import JobRequest
 
 GiB = 1024**3
 log = logging.getLogger("videojob.runtime.worker")
@@ -53,63 +56,6 @@ def short_traceback(exc: BaseException, limit_chars: int = 4000) -> str:
     """The end of the traceback (where it failed), bounded for JSON and status."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return text if len(text) <= limit_chars else "...\n" + text[-limit_chars:]
-
-
-class _JobGate:
-    """Stage boundaries of one job: progress, injected faults, the agreed cancel vote."""
-
-    def __init__(self, worker: "RankWorker", req: JobRequest):
-        self.worker, self.req = worker, req
-        self.fault: FaultInjection | None = req.fault()
-        self.stage = "load"
-        self.step = 0
-        self.resumed_from = 0  # the checkpoint step this run resumed from
-
-    def _inject(self, stage: str, step: int | None = None) -> None:
-        fault = self.fault
-        if fault is None or not fault.applies(stage, self.worker.rank, step):
-            return
-        where = f"{stage}" + (f" after step {step}" if step else "") + f" on rank {self.worker.rank}"
-        if fault.kind == "stall":
-            time.sleep(fault.seconds)
-            return
-        if fault.kind == "exit":
-            log.error("injected fault: exiting the process in %s", where)
-            os._exit(17)
-        if fault.kind == "oom":
-            raise InjectedOOM(f"injected out of memory ({where})")
-        raise RuntimeError(f"injected fault in {where}")
-
-    def enter(self, stage: str) -> None:
-        """The boundary before ``stage``: the cancel vote, then the stage begins."""
-        self.vote(stage)
-        self.stage = stage
-        progress = self.worker.progress
-        progress.stage = stage
-        if stage == "load":
-            progress.state = "loading"
-        elif stage in ("inputs", "encode", "denoise", "decode"):
-            progress.state = "running"
-        if stage != "write":  # a write fault fires between files (output.write_outputs)
-            self._inject(stage)
-
-    def step_done(self, index: int) -> None:
-        step = index + 1
-        self.step = step
-        progress = self.worker.progress
-        progress.step, progress.stage, self.stage = step, "denoise", "denoise"
-        self._inject("denoise", step)
-        self.vote("denoise", step)
-        if step == self.req.steps:
-            progress.stage = self.stage = "decode"
-            self._inject("decode")
-
-    def vote(self, stage: str, step: int | None = None) -> None:
-        if self.worker.agree_cancel(self.req.job_id):
-            if step:
-                raise Cancelled(f"cancelled after step {step} of {self.req.steps}", stage=stage, step=step)
-            done = f" (after {self.stage})" if self.stage != stage else ""
-            raise Cancelled(f"cancelled before {stage}{done}", stage=stage)
 
 
 class RankWorker:
@@ -239,19 +185,22 @@ class RankWorker:
 
     # -- cancel and progress -----------------------------------------------
 
-    def cancel(self, job_id: str | None = None) -> str | None:
-        """Stop ``job_id`` (None: the job running now) at its next stage boundary."""
-        return self.tokens.cancel(job_id)
+    def cancel(self, job_id: str | None = None, checkpoint: bool = False) -> str | None:
+        """Stop ``job_id`` (None: the job running now) at its next stage boundary;
+        ``checkpoint``: save the denoising checkpoint there first (a preemption, ``gate.py``)."""
+        return self.tokens.cancel(job_id, checkpoint=checkpoint)
 
     def get_progress(self) -> dict[str, Any]:
         return self.progress.to_dict()
 
-    def agree_cancel(self, job_id: str) -> bool:
-        """Every rank's vote, reduced on the rank's device: all ranks stop at the same boundary or none does."""
-        wanted = self.tokens.is_cancelled(job_id)
+    def agree_cancel(self, job_id: str) -> int:
+        """Every rank's cancel level (0 go on, 1 stop, 2 checkpoint and stop), the MAX
+        reduced on the rank's device: all ranks stop at the same boundary or none does,
+        and all agree whether to save."""
+        wanted = self.tokens.level(job_id)
         if self.world_size == 1:
             return wanted
-        return distributed.agree(wanted, self.device)
+        return distributed.agree_max(wanted, self.device)
 
     # -- one job -----------------------------------------------------------
 
@@ -295,7 +244,7 @@ class RankWorker:
             from .generate import generate
 
             checkpoints, refused = self._checkpoint_plan(req)
-            gate.resumed_from = checkpoints.resume_step if checkpoints is not None else 0
+            gate.plan, gate.resumed_from = checkpoints, checkpoints.resume_step if checkpoints is not None else 0
             frames, stage_times = generate(self.pipe, req, conditioning, gate, self.device, tracker, checkpoints)
             timings.update(stage_times)
             gate.enter("write")  # after decode: a cancel here leaves nothing written

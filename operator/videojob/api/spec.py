@@ -132,6 +132,9 @@ class ResourcesSpec(WireModel):
                           description="Most GPUs the job may use, all in one pod (1-8, default 8).")
     priority: int = Field(default=0, ge=-1000, le=1000,
                           description="Queue priority (-1000..1000, default 0); higher runs first.")
+    preemptible: bool = Field(default=True, description="Whether a job of higher priority may stop this one at a "
+                                                         "step boundary (it checkpoints first, then waits in the "
+                                                         "queue with its priority and age; default true).")
     allow_offload: bool = Field(default=True, description="Whether the planner may keep weights on the host "
                                                           "(CPU offload) when nothing fits without (default true).")
     gpu_memory: Optional[MemoryQuantity] = Field(

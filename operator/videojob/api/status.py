@@ -60,6 +60,7 @@ class Reason(str, Enum):
     WAITING_FOR_PLACEMENT = "WaitingForPlacement"  # ... while nothing is launching (placement_timeout_s counts)
     NO_PLACEMENT = "NoPlacement"  # nothing could place the group: re-queued, or failed after the requeue limit
     PROTOCOL_INCOMPATIBLE = "ProtocolIncompatible"  # the RayCluster's runtime cannot run the operator's request
+    PREEMPTED = "Preempted"  # a job of higher priority needed the GPUs: checkpointed, stopped, queued again
     SUBMISSION_REFUSED = "SubmissionRefused"  # Ray's Jobs API refused the driver for good (a 4xx): not retried
 
 
@@ -133,9 +134,11 @@ class Attempt(WireModel):
     started_at: Optional[datetime] = Field(default=None, description="When it started (RFC 3339).")
     finished_at: Optional[datetime] = Field(default=None, description="When it ended (RFC 3339).")
     result: Literal["Running", "Succeeded", "Failed", "OutOfMemory", "Cancelled", "Interrupted", "Lost",
-                    "Requeued"] = Field(
+                    "Requeued", "Preempted"] = Field(
         default="Running", description="How it ended. Requeued: its group could not be placed and the job went "
-                                       "back to the queue; such attempts do not count against maxAttempts.")
+                                       "back to the queue. Preempted: a job of higher priority needed its GPUs; it "
+                                       "saved a checkpoint and went back to the queue with its priority and age. "
+                                       "Neither counts against maxAttempts.")
     reason: Optional[str] = Field(default=None, description="Why it ended so, in one word.")
     message: str = Field(default="", description="What happened: the rank, the stage, the error.")
     submission_id: Optional[str] = Field(

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from ..inventory import ClusterInventory
 from ..scheduling import Admission, Ask, Scheduler
+from ..scheduling.preemption import Preemption, plan_preemptions
 
 log = logging.getLogger("videojob.admission")
 
@@ -39,6 +40,7 @@ class Admissions:
         self._models: dict[str, str] = {}  # idle group -> model, for the pool metrics
         self._dirty, self._last_pass = True, float("-inf")
         self._places: dict[str, int] = {}
+        self._preempting: dict[str, Preemption] = {}  # victim -> why, until it is admitted again
         self._lock = threading.Lock()
 
     # -- a job's view ----------------------------------------------------------
@@ -70,17 +72,45 @@ class Admissions:
         self._dirty, self._last_pass = False, now
         for admission in self.scheduler.schedule(now):
             self._granted[admission.key] = admission
+            self._preempting.pop(admission.key, None)  # a preempted job runs again
             self._log("admitted", admission.key, admission.klass,
                       f"pod={admission.pod} gpus={admission.gpus} reuse={admission.reuse or '-'} "
                       f"evict={','.join(admission.evict) or '-'} backfilled={admission.backfilled}")
+        for p in plan_preemptions(self.scheduler, now):
+            self._preempting[p.victim] = p
+            self._log("preempting", p.victim, p.klass,
+                      f"for={p.for_key} pod={p.pod} gpus={p.gpus} lostGPUSeconds={p.lost_gpu_seconds:.0f}")
         self._places = self.scheduler.places()
 
+    def progress(self, key: str, step: int, steps: int) -> None:
+        """A running job's denoising progress: its expected end follows it (the planner's
+        estimate is a guess; a job past it would look about to finish for ever, never
+        preemptible, and reservations behind it would be wrong). The time per step counts
+        from its admission, load included: an over-estimate of what is left."""
+        with self._lock:
+            run = self.scheduler.running.get(key)
+            if run is None or run.preempting or step <= 0 or steps <= 0:
+                return
+            now = self.clock()
+            run.est_end = now + (now - run.started) / step * max(steps - step, 0)
+
+    def preempt_requested(self, key: str) -> bool:
+        """Whether ``key``'s running attempt must stop for a job of higher priority."""
+        with self._lock:
+            return key in self._preempting
+
+    def preempted_by(self, key: str) -> str | None:
+        with self._lock:
+            p = self._preempting.get(key)
+            return p.for_key if p is not None else None
+
     def running(self, key: str, klass: str, gpus: int, est_seconds: float, group: str | None,
-                pool: str | None) -> None:
-        """A job found running (operator start, or an adopted driver)."""
+                pool: str | None, ask: Ask | None = None) -> None:
+        """A job found running (operator start, or an adopted driver); ``ask``: its
+        priority and preemption fields (without it, it is never preempted)."""
         with self._lock:
             self._dirty = True
-            self.scheduler.reserve(key, klass, gpus, self.clock(), est_seconds, group, pool)
+            self.scheduler.reserve(key, klass, gpus, self.clock(), est_seconds, group, pool, ask=ask)
 
     def adopt_idle(self, group: str, klass: str, gpus: int, pool: str, model: str) -> bool:
         with self._lock:
@@ -103,6 +133,7 @@ class Admissions:
     def cancel(self, key: str) -> None:
         with self._lock:
             self._granted.pop(key, None)
+            self._preempting.pop(key, None)
             run = self.scheduler.running.get(key)
             self._dirty = True
             self.scheduler.cancel(key)

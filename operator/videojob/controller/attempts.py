@@ -89,9 +89,16 @@ class Attempts:
             return None
         return fault
 
+    def _job_id(self, attempt: dict[str, Any]) -> str:
+        """The id the ranks know this attempt by (their cancel tokens are kept per id):
+        one per attempt and per object, so a cancel or a preemption meant for it can
+        never stop another attempt, or another namespace's job of the same name, that
+        a warm group runs later."""
+        return f"{self.name}-{self.uid[:8]}-a{attempt['number']}"
+
     def _request(self, job: VideoJob, plan: dict[str, Any], attempt: dict[str, Any]) -> DriverRequest:
         settings, inventory = self.ctx.settings, self.ctx.inventory
-        fields = job_fields(job, plan, job_id=self.name, output_name=self.name, seed=seed_for(job))
+        fields = job_fields(job, plan, job_id=self._job_id(attempt), output_name=self.name, seed=seed_for(job))
         fault = self._fault(attempt["number"])
         if fault is not None:
             fields["inject_fault"] = fault

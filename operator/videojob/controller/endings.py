@@ -42,9 +42,12 @@ REQUEUED = "Requeued"
 REQUEUE_BACKOFF_CAP_S = 300.0
 
 
+PREEMPTED = "Preempted"
+
+
 def counted(attempts: list[dict[str, Any]]) -> int:
-    """The attempts that count against max_attempts (re-queued ones do not)."""
-    return sum(1 for a in attempts if a.get("result") != REQUEUED)
+    """The attempts that count against max_attempts (re-queued and preempted ones do not)."""
+    return sum(1 for a in attempts if a.get("result") not in (REQUEUED, PREEMPTED))
 
 
 class Endings:
@@ -114,6 +117,8 @@ class Endings:
                 log.warning("%s: could not remove group %s (%s); the sweeper will", self.key, group, exc)
         if outcome.kind == "requeue":
             return self._requeue(stopped, plan, attempt, attempts, outcome)
+        if outcome.kind == "preempted":
+            return self._preempted(attempt, attempts, outcome)
         settings = self.ctx.settings
         used = counted(attempts)
         left = settings.max_attempts - used
@@ -150,6 +155,25 @@ class Endings:
                                                             message)}, event_message=message)
         after_end(self)
         self._wait(stopped, delay)
+        return True
+
+    def _preempted(self, attempt: dict[str, Any], attempts: list[dict[str, Any]], outcome: Outcome) -> bool:
+        """Stopped for a job of higher priority: back to the queue at once, with its
+        priority and age (its Ask is built again from the spec and creation time); the
+        next attempt resumes from the checkpoint the preemption saved."""
+        error = outcome.result.get("error") or {}
+        saved = int(error.get("checkpointStep") or 0)
+        by = self.ctx.admissions.preempted_by(self.key)
+        message = (f"attempt {attempt['number']} preempted" + (f" by {by}" if by else "")
+                   + f" after step {error.get('step') or '?'}; "
+                   + (f"checkpoint of step {saved} saved; " if saved else "no checkpoint to resume from; ")
+                   + "queued again with its priority and age")
+        attempts = [{**a, "message": message} if a.get("number") == attempt["number"] else a for a in attempts]
+        self.book.update({"phase": Phase.QUEUED.value, "attempts": attempts, "message": message, "progress": None,
+                          "actorGroup": None,
+                          "conditions": self.book.condition(ConditionType.ADMITTED, "False", Reason.PREEMPTED,
+                                                            message)}, event_message=message)
+        after_end(self)
         return True
 
     def _requeue(self, stopped, plan: dict[str, Any], attempt: dict[str, Any], attempts: list[dict[str, Any]],

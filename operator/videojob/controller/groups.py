@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from ..driver_protocol import GROUP_PREFIX, teardown_entrypoint
+from ..driver_protocol import GROUP_PREFIX, preempt_entrypoint, teardown_entrypoint
 from ..raycluster.client import RayClient
 
 log = logging.getLogger("videojob.controller")
@@ -96,6 +96,18 @@ def submit_teardown(ray: RayClient, group: str, world: int, launch: DriverLaunch
     return sid
 
 
+def submit_preempt(ray: RayClient, group: str, job_id: str, world: int, launch: DriverLaunch, why: str) -> str:
+    """Submit a driver that asks ``group``'s ranks to checkpoint and stop ``job_id``."""
+    sid = f"vj-preempt-{uuid.uuid4().hex[:12]}"
+    launch.submit(ray, sid, preempt_entrypoint(group, job_id, world, launch.python),
+                  metadata={"videojob.io/preempt": group, "videojob.io/why": why[:100]})
+    from .hygiene import remember  # here: hygiene imports this module
+
+    remember(ray, sid)
+    log.info("group %s: preempt driver %s submitted (%s)", group, sid, why)
+    return sid
+
+
 def teardown_groups(ray: RayClient, groups: Iterable[str], launch: DriverLaunch, why: str, wait_s: float = 0.0,
                     world: int = 8) -> list[str]:
     """Remove ``groups``; with ``wait_s`` wait up to that long for them to be gone.
@@ -112,4 +124,5 @@ def teardown_groups(ray: RayClient, groups: Iterable[str], launch: DriverLaunch,
     return [g for g in left if wait_s <= 0 or present(ray, g)] if wait_s > 0 else left
 
 
-__all__ = ["DriverLaunch", "group_of", "groups_in_ray", "owner_uid", "present", "submit_teardown", "teardown_groups"]
+__all__ = ["DriverLaunch", "group_of", "groups_in_ray", "owner_uid", "present", "submit_preempt", "submit_teardown",
+           "teardown_groups"]

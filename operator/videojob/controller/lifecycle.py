@@ -165,7 +165,7 @@ class JobLifecycle(Queueing, Attempts, Watching, Endings, Deletion):
             else:
                 self.ctx.admissions.running(self.key, plan.get("gpuClass") or self.ctx.inventory.classes[0].name,
                                             plan["gpus"], plan.get("estimatedSeconds") or 60.0,
-                                            attempt.get("group"), self._pool_key(job, plan))
+                                            attempt.get("group"), self._pool_key(job, plan), self._ask(job, plan))
                 self._capacity_metrics()
             while True:
                 self._ensure_submitted(stopped, job, plan, attempt)

@@ -66,7 +66,8 @@ class Outcome:
 
     @property
     def attempt_result(self) -> str:
-        return {"succeeded": "Succeeded", "oom": "OutOfMemory", "lost": "Lost", "requeue": "Requeued"}.get(
+        return {"succeeded": "Succeeded", "oom": "OutOfMemory", "lost": "Lost", "requeue": "Requeued",
+                "preempted": "Preempted"}.get(
             self.kind, "Cancelled" if self.reason == "Cancelled" else "Failed")
 
     @property
@@ -204,6 +205,8 @@ def outcome_of(ray_job: RayJob, result: dict[str, Any] | None, logs: str = "") -
         kind = "oom"
     elif reason == "NoPlacement":
         kind = "requeue"
+    elif reason == "Preempted":
+        kind = "preempted"
     elif reason in LOST_REASONS:
         kind = "lost"
     else:

@@ -40,11 +40,7 @@ class Queueing:
                 alt = self._plan_status(None, (k, a))
                 fallbacks.append(Fallback(name, a.layout.gpus, a.seconds, self._pool_key(job, alt),
                                           class_rank(k, a)[0]))
-        offload_rank = OFFLOAD_MODES.index(plan.get("offload") or "none")
-        ask = Ask(self.key, klass, plan["gpus"], job.spec.resources.priority,
-                  epoch(str(job.metadata.get("creationTimestamp", ""))),
-                  float(plan.get("estimatedSeconds") or 60.0), self._pool_key(job, plan),
-                  offload_rank=offload_rank, fallbacks=tuple(fallbacks))
+        ask = self._ask(job, plan, tuple(fallbacks))
         last_write, last_place = float("-inf"), None
         while True:
             try:
@@ -74,6 +70,21 @@ class Queueing:
                 self._unwritten_plan = None
                 last_place = position
             self._wait(stopped, self.ctx.settings.poll_interval_s)
+
+    def _ask(self, job: VideoJob, plan: dict[str, Any], fallbacks: tuple[Fallback, ...] = ()) -> Ask:
+        """The job as the scheduler sees it: its class, GPUs, priority and age (the
+        creation time: a preempted job waits again in its old place), and whether a
+        job of higher priority may preempt it (it resumes from the checkpoint it saves
+        then, so it loses about a restart: the plan's load and encode, at least 30 s)."""
+        klass = plan.get("gpuClass") or self.ctx.inventory.classes[0].name
+        seconds = plan.get("seconds") or {}
+        restart = max(30.0, float(seconds.get("load") or 0.0) + float(seconds.get("encode") or 0.0))
+        return Ask(self.key, klass, plan["gpus"], job.spec.resources.priority,
+                   epoch(str(job.metadata.get("creationTimestamp", ""))),
+                   float(plan.get("estimatedSeconds") or 60.0), self._pool_key(job, plan),
+                   offload_rank=OFFLOAD_MODES.index(plan.get("offload") or "none"), fallbacks=fallbacks,
+                   preemptible=job.spec.resources.preemptible, restart_s=restart,
+                   resumable=(job.spec.resolved().sampling.steps or 0) >= 2)
 
     def _evict(self, groups: tuple[str, ...], why: str) -> None:
         """Tear down idle warm groups whose GPUs this job needs (and wait, bounded, for them to go)."""

@@ -36,7 +36,10 @@ class Watching:
         sid = attempt["submissionId"]
         last_write = float("-inf")
         waiting = False
+        preempting = False
         while True:
+            if not preempting and self.ctx.admissions.preempt_requested(self.key):
+                preempting = self._ask_to_preempt(stopped, attempt)
             ray_job: RayJob = self._ray(stopped, lambda: self.ctx.ray.job(sid), Phase.RUNNING.value)
             if ray_job is None:
                 return None
@@ -53,6 +56,25 @@ class Watching:
                 if wrote:
                     last_write = clock
             self._wait(stopped, self.ctx.settings.poll_interval_s)
+
+    def _ask_to_preempt(self, stopped, attempt: dict[str, Any]) -> bool:
+        """A job of higher priority needs this one's GPUs: its ranks checkpoint and stop
+        at their next step boundary (a small driver asks them); the attempt then ends
+        Preempted and the job waits in the queue again."""
+        from .groups import submit_preempt
+
+        group = attempt.get("group")
+        if not group:
+            return False
+        by = self.ctx.admissions.preempted_by(self.key) or "a job of higher priority"
+        plan = self.book.status.get("plan") or {}
+        self._ray(stopped, lambda: submit_preempt(self.ctx.ray, group, self._job_id(attempt),
+                                                  int(plan.get("gpus") or 8), self.ctx.launch, f"preempted by {by}"),
+                  Phase.RUNNING.value)
+        message = f"attempt {attempt['number']}: preempted by {by}; stopping at the next step boundary"
+        self.ctx.event(self.namespace, self.name, self.uid, "Normal", "Preempting", message)
+        self.book.update({"message": message})
+        return True
 
     def _show_latest(self, attempt: dict[str, Any], logs: str, waiting: bool) -> tuple[bool, bool]:
         """Show the driver's latest news; (written, still waiting for placement)."""
@@ -95,6 +117,7 @@ class Watching:
     def _show_progress(self, attempt: dict[str, Any], progress: dict[str, Any], was_waiting: bool) -> bool:
         steps = int(progress.get("steps") or 0)
         step = int(progress.get("step") or 0)
+        self.ctx.admissions.progress(self.key, step, steps)
         changes: dict[str, Any] = {
             "progress": {"step": step, "steps": steps, "percent": int(100 * step / steps) if steps else 0},
             "conditions": self.book.condition(ConditionType.ACTORS_READY, "True", Reason.RUNNING,

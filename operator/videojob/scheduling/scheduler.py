@@ -33,6 +33,9 @@ Policy:
   reservation in its own class + its est_seconds`` (the reservation as a head
   would get it). From then on it is simply a job running in that class
   (``Admission.klass``, ``spilled=True``); otherwise it waits in its own class.
+- Preemption (``preemption.plan_preemptions``, after ``schedule``): a class
+  head may take the GPUs of lower-priority running jobs; ``preempted`` puts
+  each victim's own Ask back in the queue, with its place and age.
 
 What holds (the property tests check each):
 - capacity: a pod never holds more than its GPUs, each job in one pod;
@@ -77,6 +80,9 @@ class Ask:
     pool_key: str | None = None  # model + layout + class: what a warm group must match
     offload_rank: int = 0  # of the layout in ``klass``: a fallback may not need more offload
     fallbacks: tuple[Fallback, ...] = ()  # other classes' plans, in preference order (see Spill)
+    preemptible: bool = True  # may give way to a higher priority (preemption.py)
+    restart_s: float = 60.0  # what a restart costs it (load + re-plan), for the preemption loss
+    resumable: bool = True  # checkpoints when preempted: loses only restart_s (else all it ran too)
 
     @property
     def order(self) -> tuple:
@@ -92,6 +98,13 @@ class Running:
     group: str | None
     pool_key: str | None
     est_end: float
+    priority: int = 0
+    preemptible: bool = True
+    restart_s: float = 60.0
+    resumable: bool = True
+    started: float = 0.0
+    preempting: bool = False  # chosen as a victim (preemption.py): stopping, not to be chosen again
+    ask: Ask | None = None  # as it was enqueued (its own class, seq, fallbacks): what waits again if preempted
 
 
 @dataclass
@@ -189,13 +202,17 @@ class Scheduler:
                 raise ValueError(f"{ask.key}: fallback of {fb.gpus} GPUs never fits one {fb.klass} pod "
                                  f"of {f.gpus_per_pod}")
             seen.add(fb.klass)
+        if ask.restart_s < 0:
+            raise ValueError(f"{ask.key}: restart_s must be at least 0, not {ask.restart_s}")
         if ask.key in self.running:
             return
         self.waiting[ask.key] = ask
 
     def reserve(self, key: str, klass: str, gpus: int, now: float, est_seconds: float = 60.0,
-                group: str | None = None, pool_key: str | None = None) -> int:
-        """Record a job that already runs (found when the operator starts). Returns its pod."""
+                group: str | None = None, pool_key: str | None = None, ask: Ask | None = None) -> int:
+        """Record a job that already runs (found when the operator starts). Returns its pod.
+        ``ask``: its Ask, for its priority and preemption fields and to wait again if
+        preempted; without it the job is never chosen as a victim."""
         if key in self.running:
             return self.running[key].pod
         self.waiting.pop(key, None)
@@ -204,7 +221,9 @@ class Scheduler:
         if pod is None:  # more running than the inventory says: count it on the least used pod
             pod = min(range(c.max_pods), key=lambda p: c.used[p])
         c.used[pod] += gpus
-        self.running[key] = Running(key, klass, pod, gpus, group, pool_key, now + est_seconds)
+        extra = (dict(priority=ask.priority, preemptible=ask.preemptible, restart_s=ask.restart_s,
+                      resumable=ask.resumable, ask=ask) if ask is not None else dict(preemptible=False))
+        self.running[key] = Running(key, klass, pod, gpus, group, pool_key, now + est_seconds, started=now, **extra)
         return pod
 
     def adopt_idle(self, group: str, klass: str, gpus: int, pool_key: str, now: float) -> bool:
@@ -245,6 +264,23 @@ class Scheduler:
             self.idle[keep_group] = IdleGroup(keep_group, run.klass, run.pod, run.gpus, run.pool_key, now)
         else:
             self.classes[run.klass].used[run.pod] -= run.gpus
+
+    def preempted(self, key: str, now: float) -> Ask:
+        """A running job's driver stopped to give way (preempted, or evicted): its GPUs
+        are freed as by ``finish`` (no group kept) and its original Ask waits again,
+        with its seq and priority, so it keeps its place and age. Returns that Ask
+        (the waiting one when told twice). ValueError: neither running nor waiting,
+        or recorded by ``reserve`` without its Ask (nothing to wait again)."""
+        run = self.running.get(key)
+        if run is None:
+            if key in self.waiting:
+                return self.waiting[key]
+            raise ValueError(f"{key}: neither running nor waiting, nothing to preempt")
+        if run.ask is None:
+            raise ValueError(f"{key}: recorded without its Ask (reserve(ask=...)), it cannot wait again")
+        self.finish(key, now)
+        self.waiting[key] = run.ask
+        return run.ask
 
     def evicted(self, group: str) -> None:
         idle = self.idle.pop(group, None)
@@ -329,9 +365,10 @@ class Scheduler:
             idle = self.idle.pop(reuse)
             c.used[idle.pod] -= idle.gpus
         c.used[pod] += ask.gpus
-        del self.waiting[ask.key]
+        original = self.waiting.pop(ask.key)  # a spilled ``ask`` is the fallback's; this is its own
         self.running[ask.key] = Running(ask.key, ask.klass, pod, ask.gpus, reuse, ask.pool_key,
-                                        now + ask.est_seconds)
+                                        now + ask.est_seconds, ask.priority, ask.preemptible, ask.restart_s,
+                                        ask.resumable, now, ask=original)
         return Admission(ask.key, ask.klass, pod, ask.gpus, reuse, evict, backfilled, spilled)
 
     def schedule(self, now: float) -> list[Admission]:
