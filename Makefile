@@ -16,13 +16,14 @@ include hack/cluster.mk
 # Lazily expanded: the bin dir exists once cluster-tools has run.
 KUBECTL = $(shell bash hack/cluster/build-tools.sh --print 2>/dev/null)/kubectl --kubeconfig $(CURDIR)/.cluster/kubeconfig
 
-.PHONY: help venv test unit crds demo demo-cluster bench chaos calibrate gpu-check gpu-check-dry-run clean \
+.PHONY: help venv test test-slow unit crds demo demo-cluster bench chaos calibrate gpu-check gpu-check-dry-run clean \
 	helm-tool values-table kind-e2e docs cluster-e2e env
 
 help:
 	@echo "make demo    run the main job on the embedded default"
 	@echo 'eval "$$(make -s env)"   put videojob, kubectl and helm on PATH; KUBECONFIG: the loopback cluster'
-	@echo "make test    install what is needed and run all tests (real kube-apiserver included)"
+	@echo "make test    install what is needed and run the tests (real kube-apiserver included)"
+	@echo "make test-slow  the longer versions of some tests (more jobs, more layouts; in make bench)"
 	@echo "make unit    tests that need no cluster"
 	@echo "make crds    regenerate the CRD from the API models and sync the chart copy"
 	@echo "make bench   benchmarks, results in benchmarks/results/"
@@ -63,7 +64,11 @@ endef
 
 # (export: a bare VAR=1 before run_pytest's `set +e` would not reach pytest)
 test: venv cluster-tools helm-tool
-	export VIDEOJOB_REQUIRE_CLUSTER=1; $(call run_pytest,tests)
+	export VIDEOJOB_REQUIRE_CLUSTER=1; $(call run_pytest,tests -m "not slow")
+
+# The longer versions of some tests (pytest -m slow; `make bench` runs them too).
+test-slow: venv cluster-tools helm-tool
+	export VIDEOJOB_REQUIRE_CLUSTER=1 VIDEOJOB_HYGIENE_JOBS=200; $(call run_pytest,tests -m slow)
 
 unit: venv
 	$(call run_pytest,tests -m "not cluster")
@@ -144,6 +149,7 @@ bench: venv cluster-tools helm-tool
 	  --out benchmarks/results/operator_load_precreated.json
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/head_memory.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(MAKE) chaos
+	$(MAKE) test-slow
 
 # The seeded chaos soak (issue 19) on its own loopback cluster (.cluster-chaos: it
 # restarts the API server), a Ray head and the operator as processes: 100 tiny jobs,

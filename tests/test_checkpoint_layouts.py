@@ -22,7 +22,8 @@ from videojob_runtime.request import JobRequest  # noqa: E402
 from videojob_runtime.worker import RankWorker  # noqa: E402
 
 STEPS = 6
-MODELS = ("tiny-cogvideox", "tiny-wan")
+# CogVideoX (the gathered slices) in `make test`; Wan (whole latents) too in `make test-slow`.
+MODELS = ("tiny-cogvideox", pytest.param("tiny-wan", marks=pytest.mark.slow))
 
 
 @pytest.fixture(scope="module")

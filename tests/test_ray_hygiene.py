@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
 import threading
 import time
@@ -285,13 +286,23 @@ def test_a_signed_or_credentialed_https_input_is_refused(crd, namespace):  # noq
     assert uri_problem("https://images.example.com/face.png?v=2&monkey=1", "input") is None
 
 
+def test_many_jobs_keep_the_job_table_and_the_sweep_small(crd, namespace, head, tmp_path):  # noqa: F811
+    """30 jobs (``make test``: two sweeps): see ``_many_jobs``."""
+    _many_jobs(crd, namespace, head, tmp_path, 30)
+
+
+@pytest.mark.slow
 def test_200_jobs_keep_the_job_table_and_the_sweep_small(crd, namespace, head, tmp_path):  # noqa: F811
-    """200 jobs, 8 at a time, through the operator's own code: every 25 jobs a sweep
-    runs and its cost (Ray requests and bytes read, counted in the client) is
+    """200 jobs (``make test-slow``, in ``make bench``; VIDEOJOB_HYGIENE_JOBS changes it)."""
+    _many_jobs(crd, namespace, head, tmp_path, int(os.environ.get("VIDEOJOB_HYGIENE_JOBS", "200")))
+
+
+def _many_jobs(crd, namespace, head, tmp_path, total: int) -> None:  # noqa: F811
+    """``total`` jobs, 8 at a time, through the operator's own code: every 25 jobs a
+    sweep runs and its cost (Ray requests and bytes read, counted in the client) is
     recorded with the size of Ray's job table. With the whole-table scan on every
     sweep (retention 0, the worst case) both stay bounded by what runs at once,
     not by how many jobs ran; at the end no driver is left."""
-    total = int(__import__("os").environ.get("VIDEOJOB_HYGIENE_JOBS", "200"))
     op = Operator(crd, namespace, tmp_path, head, ray_job_retention_s=0)
     samples: list[dict[str, Any]] = []
     start = time.monotonic()
@@ -333,4 +344,5 @@ def test_200_jobs_keep_the_job_table_and_the_sweep_small(crd, namespace, head, t
         # A sweep: the groups (2 requests), the table scan (1: a few KB a row), a DELETE per settled owed driver.
         assert s["requests"] <= s["owed"] + 8, samples
         assert s["bytes"] <= 3_000 * (s["table"] + s["owed"]) + 30_000, samples
-    assert samples[-1]["table"] < total / 4, samples
+    if total >= 200:  # then the table at the end is a small part of what ran
+        assert samples[-1]["table"] < total / 4, samples
