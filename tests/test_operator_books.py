@@ -31,7 +31,7 @@ require_module("xfuser")
 
 from operator_harness import videojob  # noqa: E402
 from operator_inprocess import InProcess, one_rank, operator_factory, with_fault  # noqa: E402
-from test_operator import crd, ray_client, ray_head, roots  # noqa: E402,F401 - shared fixtures
+from test_operator import SLOW_VIDEO, crd, ray_client, ray_head, roots  # noqa: E402,F401 - shared fixtures
 
 pytestmark = pytest.mark.cluster
 CPU1 = [{"name": "cpu1", "gpusPerPod": 1, "maxPods": 1}]
@@ -158,10 +158,12 @@ def test_a_busy_class_spills_and_warm_groups_expire(operators, crd, namespace, r
                {"name": "b", "gpusPerPod": 1, "maxPods": 1, "gpuType": "h100", "cost": 5.0}]
     caplog.set_level(logging.INFO, logger="videojob.admission")
     op = operators(classes, warm_group_ttl_s=4, sweep_interval_s=1).start()
-    # `first` holds class a for 45 s after its first step (a stall, not a number of
-    # steps: how long steps take depends on the machine's load), so `second` is
+    # `first` is planned long (30 steps of the slow video: the spill compares the wait
+    # for a, from that plan, with running on b) and also holds a for 45 s after its
+    # first step (a stall: step time depends on the machine's load), so `second` is
     # planned while a is busy however slowly the operator picks it up.
-    op.create(with_fault(one_rank("first", steps=2), [1], stage="denoise", kind="stall", step=1, seconds=45))
+    op.create(with_fault(one_rank("first", steps=30, video=SLOW_VIDEO), [1], stage="denoise", kind="stall",
+                         step=1, seconds=45))
     wait_for("`first` to run on a", lambda: (videojob(crd, namespace, "first").get("status") or {})
              .get("phase") == "Running", timeout=300)
     op.create(one_rank("second", steps=2))
