@@ -53,3 +53,41 @@ def test_the_directory_key_follows_what_changes_the_frames():
     assert checkpoint_key(base) == checkpoint_key({**base, "output_name": "other", "job_id": "x"})
     assert checkpoint_key(base) != checkpoint_key({**base, "seed": 2})
     assert checkpoint_key(base) != checkpoint_key({**base, "image": "local://a.png"})
+
+
+def _plan(model: str, checkpoint: dict | None, steps: int, gpus: int = 8) -> dict:
+    from videojob.api import parse_spec
+    from videojob.planner.choose import Inventory, plan_spec
+
+    spec = {"model": {"name": model}, "prompt": "p", "sampling": {"steps": steps}}
+    if checkpoint is not None:
+        spec["checkpoint"] = checkpoint
+    result = plan_spec(parse_spec(spec), Inventory(gpus_per_node=gpus))
+    assert result.chosen is not None, result.reason
+    return result.chosen.to_json()
+
+
+def test_the_planner_counts_the_checkpoints_in_its_estimate():
+    """A job planned over a minute saves about every tenth step by default: the plan says how
+    many and what they cost, inside estimatedSeconds; everySteps: 0 costs nothing; the
+    driver's interval comes from the same rule and so agrees with the plan's count."""
+    from videojob.jobrequest import checkpoints_written
+
+    default = _plan("cogvideox-5b", None, 50, gpus=1)
+    assert default["estimatedSeconds"] > CHECKPOINT_MIN_PLANNED_S, default["estimatedSeconds"]
+    assert default["checkpoints"] == checkpoints_written(50, 5) == 9
+    cost = default["seconds"]["checkpoint"]
+    assert 0 < cost < 0.05 * default["seconds"]["denoise"], default["seconds"]
+    parts = default["seconds"]
+    assert abs(default["estimatedSeconds"] - sum(parts.values())) < 0.3, default
+    off = _plan("cogvideox-5b", {"everySteps": 0}, 50, gpus=1)
+    assert off["checkpoints"] == 0 and off["seconds"]["checkpoint"] == 0, off["seconds"]
+    every = _plan("cogvideox-5b", {"everySteps": 1}, 50, gpus=1)
+    assert every["checkpoints"] == 49 and every["seconds"]["checkpoint"] > cost, every["seconds"]
+    job = _job(steps=50)
+    assert checkpoint_every_steps(job, default) == 5
+
+
+def test_a_short_job_plans_no_checkpoints():
+    tiny = _plan("tiny-wan", None, 4, gpus=1)
+    assert tiny["estimatedSeconds"] < CHECKPOINT_MIN_PLANNED_S and tiny["checkpoints"] == 0, tiny

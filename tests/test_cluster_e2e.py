@@ -182,6 +182,14 @@ def test_jobs_scale_up_from_zero_and_land_on_their_class(release: Release):
     # is re-queued, not failed, and the next one waits on: the time is summed.)
     for name, klass in (("e2e-a", "cpu-a"), ("e2e-b", "cpu-b")):
         waited = watch.shown_for(name, f"waiting for a node of class {klass}")
+        requeued = [a for a in done[name]["status"]["attempts"] if a.get("result") == "Requeued"]
+        if requeued and (waited or 0) <= PLACEMENT_TIMEOUT_S:
+            # The autoscaler asked for the node after the placement timeout (a loaded machine):
+            # the attempt waited for room in a pod of its class, was re-queued (not counted, as
+            # asserted above), and the next one found the node.
+            assert all(a.get("reason") == "NoPlacement" for a in requeued), requeued
+            assert watch.shown_for(name, f"in one pod of class {klass}"), "\n".join(story[name])
+            continue
         assert waited is not None, f"{name} never said it waited for a {klass} node:\n" + "\n".join(story[name])
         assert waited > PLACEMENT_TIMEOUT_S, (
             f"{name} waited {waited:.1f}s for its node, not more than the {PLACEMENT_TIMEOUT_S}s placement "

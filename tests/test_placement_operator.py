@@ -52,11 +52,13 @@ DRIVER_RESOURCES = {"vj-driver": 1.0}
 @dataclass
 class Script:
     """How one attempt's driver goes: PENDING for ``pending_s``, then RUNNING with a
-    placement waiting for a node for ``waiting_s``, then its ``end`` record."""
+    placement waiting for a node for ``waiting_s``, then (a successful one) its group ready
+    and denoising for ``running_s``, then its ``end`` record."""
 
     end: dict[str, Any]
     pending_s: float = 0.0
     waiting_s: float = 0.0
+    running_s: float = 0.0
 
 
 def succeeded(request: dict[str, Any]) -> dict[str, Any]:
@@ -137,8 +139,12 @@ class ScriptedRay:
         if script.end.get("ok"):  # the group is ready, the job runs, then the result (as the driver prints them)
             lines += [record("group", protocol=PROTOCOL, name=driver.request["group"]["name"], reused=False, world=2,
                              seconds=script.waiting_s),
-                      record("progress", protocol=PROTOCOL, step=steps, steps=steps, percent=100, stage="decode",
-                             state="running")]
+                      record("progress", protocol=PROTOCOL, step=1, steps=steps, percent=int(100 / steps),
+                             stage="denoise", state="running")]
+            if age < script.pending_s + script.waiting_s + script.running_s:
+                return "RUNNING", "\n".join(lines) + "\n"
+            lines += [record("progress", protocol=PROTOCOL, step=steps, steps=steps, percent=100, stage="decode",
+                                     state="running")]
         lines.append(record("result", **script.end))
         return ("SUCCEEDED" if script.end.get("ok") else "FAILED"), "\n".join(lines) + "\n"
 
@@ -306,6 +312,21 @@ def test_a_placement_that_never_happens_fails_after_the_requeue_limit(run_with):
     assert "attempt 1 (" in status["message"] and NO_PLACEMENT in status["message"], status["message"]
     assert took >= limit, f"failed after {took:.1f}s, before the {limit:g} s requeue limit"
     assert took < limit + 20, f"the requeue limit ({limit:g} s) did not end it: {took:.1f}s"
+
+
+def test_a_driver_that_waited_then_runs_no_longer_says_it_waits(run_with):
+    """The driver waited for its node (PENDING), then its group was placed at once: while
+    it denoises, the job's message is no longer the driver's wait (it was, in CI)."""
+    ray = ScriptedRay(lambda n, req: Script(succeeded(req), pending_s=1.0, running_s=2.0))
+    run = run_with(ray)
+    obj = run.job("waited")
+    assert obj["status"]["phase"] == "Succeeded", obj["status"].get("message")
+    messages = [p["message"] for p, _ in run.patches if "message" in p]
+    assert any("its driver waits" in m for m in messages), messages
+    first_wait = next(i for i, m in enumerate(messages) if "its driver waits" in m)
+    after = messages[first_wait + 1:]
+    assert after and "its driver waits" not in after[0], messages
+    assert any(m.startswith("attempt 1: running (denoise)") or "ready" in m for m in after[:-1]), messages
 
 
 def test_waiting_for_the_driver_and_for_a_node_is_shown_in_status(run_with):

@@ -75,9 +75,11 @@ def _cleanup(cluster, namespace: str, ray_client, names: list[str]) -> None:
              lambda: not any(u in g for g in _groups(ray_client) for u in uids), timeout=60)
 
 
-def test_twenty_jobs_never_exceed_capacity_and_priority_goes_first(crd, namespace, ray_head, ray_client,  # noqa: F811
-                                                                   roots, tmp_path):
-    """20 tiny one-rank jobs, capacity 3 (three 1-rank pods): all finish; the
+# 10 jobs in `make test`; the 20-job run in `make test-slow` (CI time).
+@pytest.mark.parametrize("count", [10, pytest.param(20, marks=pytest.mark.slow)])
+def test_jobs_never_exceed_capacity_and_priority_goes_first(crd, namespace, ray_head, ray_client,  # noqa: F811
+                                                            roots, tmp_path, count):
+    """``count`` tiny one-rank jobs, capacity 3 (three 1-rank pods): all finish; the
     groups alive in Ray never exceed 3; the books never do; a job created later
     with a higher priority starts before the lower ones still queued; a queued
     job shows its place and what it waits for in `kubectl get vj`."""
@@ -95,7 +97,7 @@ def test_twenty_jobs_never_exceed_capacity_and_priority_goes_first(crd, namespac
             stop.wait(0.2)
 
     sampler = threading.Thread(target=sample, daemon=True)
-    names = [f"job-{i:02d}" for i in range(20)]
+    names = [f"job-{i:02d}" for i in range(count)]
     with OperatorProcess(crd, namespace, roots["work"], env) as operator:
         sampler.start()
         try:
@@ -126,7 +128,7 @@ def test_twenty_jobs_never_exceed_capacity_and_priority_goes_first(crd, namespac
         assert later, "every low-priority job had started before the urgent one was queued: nothing to compare"
         assert all(order.index(k) > urgent for k in later), (order, admitted_before)
         reused = sum(1 for name in names if videojob(crd, namespace, name)["status"]["actorGroup"]["reused"])
-        assert reused >= 10, f"only {reused} of 20 same-model jobs reused a warm group"
+        assert reused >= count // 2, f"only {reused} of {count} same-model jobs reused a warm group"
         _cleanup(crd, namespace, ray_client, names + ["urgent"])
 
 

@@ -37,25 +37,42 @@ def checkpoint_key(fields: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def checkpoint_interval(steps: int, every_steps: int | None, every_seconds: float | None, denoise_s: float,
+                        planned_s: float) -> int:
+    """Save every N steps (0: never): ``everySteps`` as asked; ``everySeconds`` turned into
+    steps with the planned denoise time per step; unset: off for jobs planned under a
+    minute (``planned_s``), else about every 10% of the steps. The planner (which counts
+    the checkpoints' cost) and the driver requests both decide here."""
+    if every_steps is not None:
+        return min(every_steps, steps)
+    if every_seconds is not None:
+        per_step = denoise_s / steps if denoise_s > 0 and steps > 0 else 0.0
+        return min(steps, max(1, math.ceil(every_seconds / per_step))) if per_step > 0 \
+            else max(1, round(steps / 10))
+    if planned_s < CHECKPOINT_MIN_PLANNED_S:
+        return 0
+    return max(1, round(steps / 10))
+
+
+def checkpoints_written(steps: int, every: int) -> int:
+    """How many checkpoints a run of ``steps`` saves every ``every`` steps (the runtime saves
+    at each multiple of ``every`` before the last step: resume.py)."""
+    return (steps - 1) // every if every > 0 and steps > 0 else 0
+
+
 def checkpoint_every_steps(job: VideoJob, layout: dict[str, Any]) -> int:
-    """How often the job saves a checkpoint (0: never), from spec.checkpoint and the plan:
-    off under a minute planned, else about every 10% of the steps; everySeconds is
-    turned into steps with the plan's denoise time per step."""
+    """How often the job saves a checkpoint (0: never), from spec.checkpoint and its plan
+    (``checkpoint_interval``)."""
     spec = job.spec.resolved()
-    steps = spec.sampling.steps
     asked = spec.checkpoint
-    if asked is not None and asked.every_steps is not None:
-        return min(asked.every_steps, steps)
     # The plan's denoise seconds (a planner choice has them; a status.plan has only the
     # whole estimate, an upper bound that makes the interval a little shorter).
     denoise = float((layout.get("seconds") or {}).get("denoise") or layout.get("estimatedSeconds") or 0.0)
-    if asked is not None and asked.every_seconds is not None:
-        per_step = denoise / steps if denoise > 0 else 0.0
-        return min(steps, max(1, math.ceil(asked.every_seconds / per_step))) if per_step > 0 \
-            else max(1, round(steps / 10))
-    if float(layout.get("estimatedSeconds") or 0.0) < CHECKPOINT_MIN_PLANNED_S:
-        return 0
-    return max(1, round(steps / 10))
+    # The planned time without the checkpoints' own cost decides the default (as the planner did).
+    planned = float(layout.get("estimatedSeconds") or 0.0) - float((layout.get("seconds") or {}).get("checkpoint")
+                                                                   or 0.0)
+    return checkpoint_interval(spec.sampling.steps, asked.every_steps if asked else None,
+                               asked.every_seconds if asked else None, denoise, planned)
 
 
 def seed_for(job: VideoJob, drawn: int | None = None) -> int:

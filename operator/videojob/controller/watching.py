@@ -50,7 +50,7 @@ class Watching:
                     self._show_latest(attempt, logs, waiting)
                 return ray_job, logs
             if ray_job.status == "PENDING":
-                self._show_pending_driver(attempt)
+                waiting = self._show_pending_driver(attempt) or waiting
             elif clock - last_write >= self.ctx.settings.progress_interval_s:
                 wrote, waiting = self._show_latest(attempt, logs, waiting)
                 if wrote:
@@ -100,14 +100,16 @@ class Watching:
         return self.book.update(changes)
 
     def _show_pending_driver(self, attempt: dict[str, Any]) -> bool:
+        """True when the job's message now says its driver waits (news to replace once it runs)."""
         resources = self.ctx.launch.resources
         if not resources:
             return False  # Ray starts drivers on the head at once: PENDING is a moment of runtime-env setup
         message = (f"attempt {attempt['number']}: its driver waits for a Ray node that offers "
                    f"{json.dumps(resources, sort_keys=True)} (VIDEOJOB_DRIVER_RESOURCES; with KubeRay, the "
                    "drivers' worker group)")
-        return self.book.update({"message": message, "conditions": self.book.condition(
+        self.book.update({"message": message, "conditions": self.book.condition(
             ConditionType.ACTORS_READY, "False", Reason.WAITING_FOR_DRIVER, message)})
+        return True
 
     def _show_placement(self, attempt: dict[str, Any], progress: dict[str, Any]) -> bool:
         message = f"attempt {attempt['number']}: {progress.get('message') or progress['state']}"
@@ -123,5 +125,5 @@ class Watching:
             "conditions": self.book.condition(ConditionType.ACTORS_READY, "True", Reason.RUNNING,
                                               f"{progress.get('stage') or ''}".strip())}
         if was_waiting:  # the waiting message is no longer news
-            changes["message"] = f"attempt {attempt['number']}: its group is placed; {progress.get('stage')}"
+            changes["message"] = f"attempt {attempt['number']}: running ({progress.get('stage') or 'start'})"
         return self.book.update(changes)

@@ -50,6 +50,7 @@ class Constants:
     sequential_efficiency: float
     group_offload_overhead: float
     disk_bytes_per_s: float
+    checkpoint_latent_copies: int
     decode_s_per_pixel_frame: float
     tiling_slowdown: float
     encode_seconds: float

@@ -127,7 +127,9 @@ class Alternative:
                 "encode": round(self.latency.encode, 1),
                 "denoise": round(self.latency.denoise, 1),
                 "decode": round(self.latency.decode, 1),
+                "checkpoint": round(self.latency.checkpoint, 2),
             },
+            "checkpoints": self.latency.checkpoints,
             "breakdownGiB": {
                 stage: {part: round(b / GiB, 3) for part, b in parts.items()}
                 for stage, parts in mem.stages.items()
@@ -166,6 +168,8 @@ def request_from_spec(spec: VideoJobSpec) -> Request:
         steps=spec.sampling.steps or model.default_steps,
         guidance=model.default_guidance if spec.sampling.guidance_scale is None else spec.sampling.guidance_scale,
         dtype=spec.model.dtype,
+        checkpoint_every_steps=spec.checkpoint.every_steps if spec.checkpoint else None,
+        checkpoint_every_seconds=spec.checkpoint.every_seconds if spec.checkpoint else None,
     )
     p, m = spec.parallel, spec.memory
     return Request(

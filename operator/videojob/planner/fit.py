@@ -61,7 +61,13 @@ ASSUMED: dict[str, dict[str, Any]] = {
         0.4, "fraction of PCIe", "assumed", "leaf-level offload copies synchronously from unpinned memory."),
     "group_offload_overhead": _entry(
         0.08, "fraction of step time", "assumed", "block-level offload with streams: the copies mostly overlap."),
-    "disk_bytes_per_s": _entry(1.5e9, "bytes/s", "assumed", "weight loading from a local volume."),
+    "disk_bytes_per_s": _entry(1.5e9, "bytes/s", "assumed",
+                               "weight loading from a local volume; denoising checkpoints are written at it too."),
+    "checkpoint_latent_copies": _entry(
+        3, "latent-sized tensors per checkpoint", "counted",
+        "a denoising checkpoint holds the whole latents plus the solver's history: at most two more "
+        "latent-sized tensors (DPM/UniPC multistep outputs, CogVideoX DPM's old_pred_original_sample; DDIM "
+        "and flow Euler none): runtime/videojob_runtime/resume.py. An upper bound."),
     "decode_s_per_pixel_frame": _entry(
         10.0 / (49 * 720 * 480), "s per output pixel-frame (A100)", "assumed",
         "a CogVideoX decode of 49x720x480 takes on the order of 10 s on an A100; rough, for ranking only."),

@@ -8,6 +8,13 @@ s/step (``anchors.LATENCY_ANCHORS``: the A100 and L40 1-GPU figures and the
 L40 ulysses2 / ring2 / cfg2 figures fit them; the others are held out and
 predicted). Offload, decode and encode costs are assumed constants
 (documented in calibration.json), meant for ranking layouts.
+
+Denoising checkpoints (spec.checkpoint, default every ~10% of the steps for
+jobs planned over a minute) add their writes: each one copies the whole
+latents plus the solver's history (at most two more latent-sized tensors:
+DPM/UniPC multistep, CogVideoX's DPM ``old_pred_original_sample``) to the host
+over PCIe and writes it at the assumed disk bandwidth of weight loads. This
+is an upper bound; benchmarks/checkpoint_bench.py measures the real cost.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..jobrequest import checkpoint_interval, checkpoints_written
 from .calibration import Constants, ModelCal
 from .memory import OFFLOAD_MODES, Job, Layout
 
@@ -25,10 +33,12 @@ class LatencyEstimate:
     encode: float
     denoise: float
     decode: float
+    checkpoint: float = 0.0  # all the checkpoints' writes
+    checkpoints: int = 0  # how many the run saves
 
     @property
     def total(self) -> float:
-        return self.load + self.encode + self.denoise + self.decode
+        return self.load + self.encode + self.denoise + self.decode + self.checkpoint
 
     @property
     def per_step(self) -> float:
@@ -72,6 +82,10 @@ class LatencyModel:
         self.fp8_denoiser_weights = denoiser.weights(job.dtype, fp8=True)
         self.decode_base = c.decode_s_per_pixel_frame * job.width * job.height * job.frames / speed
         self.load = self.total_weights / c.disk_bytes_per_s
+        positions = job.tokens * arch.patch_t * arch.patch_hw**2
+        elt = 4 if job.dtype == "float32" else 2
+        self.checkpoint_bytes = c.checkpoint_latent_copies * arch.latent_channels * positions * elt
+        self.checkpoint_one = self.checkpoint_bytes / c.pcie_bytes_per_s + self.checkpoint_bytes / c.disk_bytes_per_s
 
     def decode_offload_seconds(self, layout: Layout) -> float:
         """One move of the denoiser's weights between GPU and host (``.to()``, pageable)."""
@@ -102,7 +116,12 @@ class LatencyModel:
             # (a warm group's next job pays it: counted here, once per job).
             decode += self.decode_offload_seconds(layout)
             encode += self.decode_offload_seconds(layout)
-        return LatencyEstimate(load=self.load, encode=encode, denoise=denoise, decode=decode)
+        every = checkpoint_interval(self.job.steps, self.job.checkpoint_every_steps,
+                                    self.job.checkpoint_every_seconds, denoise,
+                                    self.load + encode + denoise + decode)
+        count = checkpoints_written(self.job.steps, every)
+        return LatencyEstimate(load=self.load, encode=encode, denoise=denoise, decode=decode,
+                               checkpoint=count * self.checkpoint_one, checkpoints=count)
 
     def estimate(self, layout: Layout) -> LatencyEstimate:
         """Seconds under ``layout``. A stronger offload mode is never estimated

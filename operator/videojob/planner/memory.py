@@ -91,6 +91,9 @@ class Job:
     steps: int
     guidance: float
     dtype: str = "bfloat16"
+    # spec.checkpoint (None, None: the default rule, jobrequest.checkpoint_interval)
+    checkpoint_every_steps: int | None = None
+    checkpoint_every_seconds: float | None = None
 
     @property
     def tokens(self) -> int:

@@ -68,7 +68,9 @@ def render_plan(spec: VideoJobSpec, inventory: Inventory, result: PlanResult, sh
             f"{c.memory.host_phases.get('job', 0) / GiB:.1f} GiB parked on the host during the job; "
             f"{c.memory.decoding_ranks} of {c.layout.gpus} rank(s) decode",
             f"  about {c.latency.total:.0f} s: load {c.latency.load:.0f}, encode {c.latency.encode:.1f}, "
-            f"denoise {c.latency.denoise:.0f}, decode {c.latency.decode:.0f}",
+            f"denoise {c.latency.denoise:.0f}, decode {c.latency.decode:.0f}" + (
+                f", {c.latency.checkpoints} checkpoint(s) {c.latency.checkpoint:.2f}" if c.latency.checkpoints
+                else ", no checkpoints"),
             f"  why: {result.reason}",
             "",
             *_breakdown(c),
