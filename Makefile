@@ -141,6 +141,8 @@ bench: venv cluster-tools helm-tool
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/planner_bench.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/scheduling_sim.py
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/runtime_bench.py
+	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/checkpoint_bench.py
+	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/preemption_sim.py
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/stepcache_bench.py
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/mp4_bench.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/crd_write_cost.py
