@@ -137,3 +137,33 @@ def test_the_chaos_figures_are_the_soaks_own():
                 result["retries"], result["lost"], result["duplicated"], result["leftOver"])
     assert tuple(int(g) for g in quoted.groups()) == expected
     assert result["passed"] and result["booksMatch"], "the README says the last soak passed"
+
+
+def test_the_checkpoint_and_preemption_figures_are_the_benchmarks_own():
+    """The README's preemption section quotes benchmarks/results/checkpoint.json and
+    preemption_sim.json, which `make bench` writes: a newer run must be quoted anew."""
+    import json
+
+    results = REPO / "benchmarks" / "results"
+    cost = json.loads((results / "checkpoint.json").read_text())["families"].values()
+    sim = json.loads((results / "preemption_sim.json").read_text())
+    section = " ".join(_section("Preemption loses no steps").split())
+    quoted = re.search(r"costs at most ([\d.]+) ms and (\d+) kB, ([\d.]+)% of a step", section)
+    assert quoted, f"the README's checkpoint sentence changed shape: {section[:600]}"
+    assert float(quoted.group(1)) == round(1000 * max(f["checkpointSeconds"] for f in cost), 1)
+    assert int(quoted.group(2)) == round(max(f["checkpointBytes"] for f in cost) / 1000)
+    assert float(quoted.group(3)) == round(100 * max(f["shareOfStep"] for f in cost), 2)
+    assert all(f["resumeBitIdentical"] for f in cost), "the README says resumes are bit-identical"
+    fleet = re.search(r"\((\S+): (\d+) GPUs, (\d+) jobs\) the high-priority p95 wait is ([\d.]+) s without "
+                      r"preemption, ([\d.]+) s with preemption and checkpoints, and ([\d.]+) s with preemption "
+                      r"from step 0, which loses ([\d.]+)x the GPU-seconds; videos per hour are ([\d.]+) in all three",
+                      section)
+    assert fleet, f"the README's simulation sentence changed shape: {section[:900]}"
+    cmp = sim["comparison"]
+    assert fleet.group(1).endswith("preemption_sim.json`")
+    assert (int(fleet.group(2)), int(fleet.group(3))) == (sim["fleet"]["gpus"], sim["jobs"])
+    wait = cmp["highWaitP95"]
+    assert [float(g) for g in fleet.group(4, 5, 6)] == [wait["no-preemption"], wait["preempt-checkpoint"],
+                                                         wait["preempt-restart"]]
+    assert float(fleet.group(7)) == round(cmp["ratios"]["gpuSecondsLost preempt-restart / preempt-checkpoint"], 2)
+    assert len(set(cmp["videosPerHour"].values())) == 1 and float(fleet.group(8)) == cmp["videosPerHour"]["no-preemption"]
