@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers import require_module
 
 require_module("torch")
@@ -24,6 +26,9 @@ from videojob_runtime.configs import MEDIUM_SIZES  # noqa: E402
 FRAMING_BYTES = 16 * 1024
 
 
+# About a minute of medium-size models: in `make test-slow` (and `make bench`); `make test` has the
+# medium-size resume (tests/test_checkpoint_medium.py).
+@pytest.mark.slow
 def test_checkpoint_bench_dry_run(tmp_path):
     out = tmp_path / "checkpoint.json"
     result = subprocess.run(
