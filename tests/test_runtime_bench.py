@@ -96,6 +96,8 @@ def test_no_videojob_can_ask_for_the_medium_size(tmp_path, monkeypatch):
         driver.job_request(request.model_copy(update={"job": {**fields, "size": "medium"}}))
 
 
+# Medium-size models for about 40 s: in `make test-slow`; `make bench` runs the benchmark itself.
+@pytest.mark.slow
 def test_runtime_bench_medium_dry_run_writes_its_section_and_keeps_the_tiny_one(tmp_path):
     """The medium section end to end on the tiny CogVideoX (Ray, a one-rank group,
     progress polling, outputs written; well under a minute), into a file that

@@ -99,6 +99,8 @@ def test_medium_size_refuses_what_it_does_not_cover():
         load_pipeline("tiny-cogvideox", "t2v", "float32", size="large")
 
 
+# Medium-size models for about 40 s: in `make test-slow`; `make bench` runs the benchmark itself.
+@pytest.mark.slow
 def test_stepcache_bench_dry_run(tmp_path):
     """The bench's code path end to end on the tiny models (well under a minute)."""
     sys.path.insert(0, str(REPO / "benchmarks"))
