@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from ..jobrequest import checkpoint_interval, checkpoints_written
-from .calibration import Constants, ModelCal
+from .calibration import DTYPE_BYTES, Constants, ModelCal
 from .memory import OFFLOAD_MODES, Job, Layout
 
 
@@ -82,9 +82,8 @@ class LatencyModel:
         self.fp8_denoiser_weights = denoiser.weights(job.dtype, fp8=True)
         self.decode_base = c.decode_s_per_pixel_frame * job.width * job.height * job.frames / speed
         self.load = self.total_weights / c.disk_bytes_per_s
-        positions = job.tokens * arch.patch_t * arch.patch_hw**2
-        elt = 4 if job.dtype == "float32" else 2
-        self.checkpoint_bytes = c.checkpoint_latent_copies * arch.latent_channels * positions * elt
+        self.checkpoint_bytes = (c.checkpoint_latent_copies * arch.latent_channels * job.latent_positions
+                                 * DTYPE_BYTES[job.dtype])
         self.checkpoint_one = self.checkpoint_bytes / c.pcie_bytes_per_s + self.checkpoint_bytes / c.disk_bytes_per_s
 
     def decode_offload_seconds(self, layout: Layout) -> float:

@@ -100,6 +100,12 @@ class Job:
         return self.model.arch.tokens(self.width, self.height, self.frames)
 
     @property
+    def latent_positions(self) -> int:
+        """Latent positions of the whole video (tokens before patching)."""
+        arch = self.model.arch
+        return self.tokens * arch.patch_t * arch.patch_hw**2
+
+    @property
     def cfg_batch(self) -> int:
         """Sequences per step without CFG parallel: 2 with guidance."""
         return 2 if self.guidance > 1.0 else 1
@@ -169,7 +175,7 @@ class MemoryModel:
         self.workspace = (
             self.c.conv_workspace_bytes_per_pixel * job.width * job.height if arch.vae_temporal > 1 else 0.0
         )
-        positions = self.tokens * arch.patch_t * arch.patch_hw**2
+        positions = job.latent_positions
         self.latents = 2 * arch.latent_channels * positions * 4
         # One denoiser output (the noise prediction), kept while the next call runs.
         self.call_output = arch.latent_channels * positions * self.elt
