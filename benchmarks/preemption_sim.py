@@ -32,7 +32,7 @@ from scheduling_sim import _pick, percentile, spec_data  # noqa: E402
 from videojob.api import parse_spec  # noqa: E402
 from videojob.catalog import get_model  # noqa: E402
 from videojob.inventory import parse_inventory  # noqa: E402
-from videojob.jobrequest import CHECKPOINT_MIN_PLANNED_S  # noqa: E402
+from videojob.jobrequest import checkpoint_interval  # noqa: E402
 from videojob.planner import load_calibration  # noqa: E402
 from videojob.planner.classes import plan_classes  # noqa: E402
 from videojob.scheduling import Ask, Scheduler, plan_preemptions  # noqa: E402
@@ -162,20 +162,19 @@ class Planner:
         self.measured = measured_checkpoint_seconds()
         self.ckpt_source: dict[str, str] = {}
 
-    def checkpoint_seconds(self, shape: tuple, latency) -> float:
+    def checkpoint_seconds(self, shape: tuple) -> float:
         """Seconds per write: measured per family (checkpoint.json), else the planner's
         estimate per checkpoint, else an assumed figure."""
         family = get_model(shape[0]).family.value
         if family in self.measured:
             self.ckpt_source[family] = "measured: benchmarks/results/checkpoint.json (medium size, that machine)"
             return self.measured[family]
-        if hasattr(latency, "checkpoints"):  # planned with a checkpoint every ~10% of the steps (any layout)
-            data = spec_data(shape)
-            data["checkpoint"] = {"everySteps": max(1, round(shape[4] / 10))}
-            lat = plan_classes(parse_spec(data), self.inventory, self.cal).chosen.latency
-            if lat.checkpoints:
-                self.ckpt_source[family] = "the planner's estimate (LatencyEstimate.checkpoint / checkpoints)"
-                return lat.checkpoint / lat.checkpoints
+        data = spec_data(shape)  # planned with a checkpoint every ~10% of the steps (any layout)
+        data["checkpoint"] = {"everySteps": max(1, round(shape[4] / 10))}
+        lat = plan_classes(parse_spec(data), self.inventory, self.cal).chosen.latency
+        if lat.checkpoints:
+            self.ckpt_source[family] = "the planner's estimate (LatencyEstimate.checkpoint / checkpoints)"
+            return lat.checkpoint / lat.checkpoints
         self.ckpt_source[family] = "assumed: provenance.assumed.checkpointSeconds"
         return CKPT_ASSUMED_S
 
@@ -186,10 +185,10 @@ class Planner:
             if choice.chosen:
                 a, lat, steps = choice.chosen, choice.chosen.latency, shape[4]
                 planned = lat.load + lat.encode + lat.denoise + lat.decode  # without checkpoints, as the operator
-                every = 0 if planned < CHECKPOINT_MIN_PLANNED_S else max(1, round(steps / 10))
+                every = checkpoint_interval(steps, None, None, lat.denoise, planned)
                 plan = Plan(choice.klass.name, a.layout.gpus, a.seconds, lat.load, lat.encode, lat.denoise / steps,
                             lat.decode, steps, f"{choice.klass.name}|{a.layout.summary()}", every,
-                            self.checkpoint_seconds(shape, lat))
+                            self.checkpoint_seconds(shape))
             self.memo[shape] = plan
         return self.memo[shape]
 
