@@ -323,7 +323,7 @@ def test_operator_runs_a_job_under_the_charts_rbac_and_inventory(full_cluster, h
                         full_cluster.kubectl("patch", "vj", "chart-tiny", "-n", jobs, "--type=merge", "-p",
                                              '{"metadata": {"finalizers": null}}', check=False)
             assert obj["status"]["plan"]["gpuClass"] == klass.name
-            output = Path(env["VIDEOJOB_OUTPUT_ROOT"]) / "videos" / "chart-tiny" / "chart-tiny.mp4"
+            output = Path(env["VIDEOJOB_OUTPUT_ROOT"]) / jobs / "videos" / "chart-tiny" / "chart-tiny.mp4"
             assert output.stat().st_size > 0, output
             roles = [r["metadata"]["name"] for r in full_cluster.get_json("roles", "-n", jobs)["items"]]
             assert roles == [RELEASE], f"the operator's only grant is the chart's Role: {roles}"
