@@ -190,9 +190,11 @@ def test_install_refuses_bad_values(full_cluster, helm, service_monitor_crd, ful
         assert named in result.stderr and "schema" in result.stderr, result.stderr
         no_release(helm, ns)
         assert not full_cluster.get_json("secrets", "-n", ns, "-l", "owner=helm")["items"], "a release record"
-        namespaced = kinds - {"ClusterRole", "ClusterRoleBinding"}
+        namespaced = kinds - {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                              "ValidatingAdmissionPolicyBinding"}
         assert release_objects(full_cluster, namespaced | {"Pod"}, [ns]) == set()
-        cluster_wide = full_cluster.get_json("clusterroles,clusterrolebindings", "-l", INSTANCE)["items"]
+        cluster_wide = full_cluster.get_json("clusterroles,clusterrolebindings,validatingadmissionpolicies,"
+                                             "validatingadmissionpolicybindings", "-l", INSTANCE)["items"]
         assert cluster_wide == [], [o["metadata"]["name"] for o in cluster_wide]
         wait_established(full_cluster, CRD_NAME)  # what is left: the CRD
     finally:
