@@ -154,13 +154,13 @@ log "VideoJob $JOB Succeeded"
 kc -n "$NAMESPACE" get videojob "$JOB" -o wide >&2
 
 # --- the video ------------------------------------------------------------------------
-# local://videos/tiny-cpu resolves under VIDEOJOB_OUTPUT_ROOT, which the chart
-# points into the data volume; ask the pod rather than repeat the chart's layout.
+# local://videos/tiny-cpu resolves under VIDEOJOB_OUTPUT_ROOT/<the job's namespace>; the chart
+# points the root into the data volume; ask the pod rather than repeat the chart's layout.
 pod="$(kc -n "$NAMESPACE" get pods -l app.kubernetes.io/instance="$RELEASE",app.kubernetes.io/component=operator \
         -o jsonpath='{.items[0].metadata.name}')"
 root="$(kc -n "$NAMESPACE" exec "$pod" -c operator -- printenv VIDEOJOB_OUTPUT_ROOT)"
 uri="$(kc -n "$NAMESPACE" get videojob "$JOB" -o jsonpath='{.spec.output.uri}')"
-remote="$root/${uri#local://}/$JOB.mp4"
+remote="$root/$NAMESPACE/${uri#local://}/$JOB.mp4"
 log "copying $pod:$remote"
 kc -n "$NAMESPACE" cp -c operator "$NAMESPACE/$pod:$remote" "$OUT/$JOB.mp4"
 size=$(wc -c <"$OUT/$JOB.mp4")

@@ -190,9 +190,11 @@ def test_install_refuses_bad_values(full_cluster, helm, service_monitor_crd, ful
         assert named in result.stderr and "schema" in result.stderr, result.stderr
         no_release(helm, ns)
         assert not full_cluster.get_json("secrets", "-n", ns, "-l", "owner=helm")["items"], "a release record"
-        namespaced = kinds - {"ClusterRole", "ClusterRoleBinding"}
+        namespaced = kinds - {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                              "ValidatingAdmissionPolicyBinding"}
         assert release_objects(full_cluster, namespaced | {"Pod"}, [ns]) == set()
-        cluster_wide = full_cluster.get_json("clusterroles,clusterrolebindings", "-l", INSTANCE)["items"]
+        cluster_wide = full_cluster.get_json("clusterroles,clusterrolebindings,validatingadmissionpolicies,"
+                                             "validatingadmissionpolicybindings", "-l", INSTANCE)["items"]
         assert cluster_wide == [], [o["metadata"]["name"] for o in cluster_wide]
         wait_established(full_cluster, CRD_NAME)  # what is left: the CRD
     finally:
@@ -323,7 +325,7 @@ def test_operator_runs_a_job_under_the_charts_rbac_and_inventory(full_cluster, h
                         full_cluster.kubectl("patch", "vj", "chart-tiny", "-n", jobs, "--type=merge", "-p",
                                              '{"metadata": {"finalizers": null}}', check=False)
             assert obj["status"]["plan"]["gpuClass"] == klass.name
-            output = Path(env["VIDEOJOB_OUTPUT_ROOT"]) / "videos" / "chart-tiny" / "chart-tiny.mp4"
+            output = Path(env["VIDEOJOB_OUTPUT_ROOT"]) / jobs / "videos" / "chart-tiny" / "chart-tiny.mp4"
             assert output.stat().st_size > 0, output
             roles = [r["metadata"]["name"] for r in full_cluster.get_json("roles", "-n", jobs)["items"]]
             assert roles == [RELEASE], f"the operator's only grant is the chart's Role: {roles}"

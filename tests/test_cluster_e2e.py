@@ -212,7 +212,8 @@ def test_jobs_scale_up_from_zero_and_land_on_their_class(release: Release):
     # The files, where the spec said, written by the pods, read from the volume's directory.
     for name, obj in done.items():
         output = obj["status"]["output"]
-        folder = release.data / "videos" / name  # the output uri is a folder; files are named after the job
+        # The output uri is a folder in the job's namespace's directory of the claim; files are named after the job.
+        folder = release.data / release.namespace / "videos" / name
         video, poster, result = (folder / f"{name}{suffix}" for suffix in (".mp4", ".png", ".json"))
         assert video.is_file() and video.stat().st_size == output["bytes"] > 0, (name, output, sorted(folder.rglob("*")))
         assert poster.is_file() and poster.stat().st_size > 0, name

@@ -196,7 +196,7 @@ def test_a_job_runs_to_succeeded_and_leaves_nothing_in_ray(cluster):
     assert result["measured"]["peakGiB"] > 0 and result["measured"]["denoiseSeconds"] > 0
     video = Path(result["output"]["video"])
     assert result["output"]["uri"] == "local://videos/plain"
-    assert video == (cluster.outputs / "videos" / "plain" / "plain.mp4").resolve() and video.is_file()
+    assert video == (cluster.outputs / NAMESPACE / "videos" / "plain" / "plain.mp4").resolve() and video.is_file()
     probe = probe_mp4(video)
     assert (probe["frames"], probe["width"], probe["height"]) == (9, 64, 64), probe
     assert json.loads(Path(result["output"]["result"]).read_text())["framesDigest"] == result["framesDigest"]
@@ -313,7 +313,7 @@ def test_stop_mid_run_cancels_and_tears_the_group_down_within_seconds(cluster):
     assert last["error"]["stage"] == "denoise" and last["error"]["groupTornDown"] is True, last
     assert "SIGTERM" in last["error"]["message"] and last["stopSeconds"] < 3, last
     assert last["removed"]["gone"] is True and len(last["removed"]["actors"]) == 2, last
-    assert not (cluster.outputs / "videos" / "stopped" / "stopped.mp4").exists()
+    assert not (cluster.outputs / NAMESPACE / "videos" / "stopped" / "stopped.mp4").exists()
 
 
 def test_stop_while_the_group_is_still_starting_removes_what_was_made(cluster):
@@ -337,7 +337,8 @@ def test_stop_while_the_group_is_still_starting_removes_what_was_made(cluster):
 def test_an_output_uri_that_escapes_through_a_link_fails_naming_the_field(cluster, tmp_path):
     outside = cluster.root / "outside"
     outside.mkdir(exist_ok=True)
-    (cluster.outputs / "escape").symlink_to(outside)
+    (cluster.outputs / NAMESPACE).mkdir(parents=True, exist_ok=True)
+    (cluster.outputs / NAMESPACE / "escape").symlink_to(outside)
     request = _request("escapes", output_uri="local://escape/videos")
     job, logs, result = _run(cluster, request, timeout=60)
     assert job.status == "FAILED", logs[-3000:]

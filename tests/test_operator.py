@@ -134,7 +134,7 @@ def test_apply_then_get_a_video(crd, namespace, ray_head, ray_client, roots, ope
         assert status["plan"]["ulysses"] == 2 and status["plan"]["gpus"] == 2
         assert status["measured"]["peakGiB"] > 0 and status["measured"]["denoiseSeconds"] > 0
         assert status["output"]["bytes"] > 0 and status["output"]["framesDigest"].startswith("sha256:")
-        video = roots["outputs"] / "videos" / "tiny-cpu" / "tiny-cpu.mp4"
+        video = roots["outputs"] / namespace / "videos" / "tiny-cpu" / "tiny-cpu.mp4"
         assert probe_mp4(video)["frames"] == 9
         assert status["observedGeneration"] == obj["metadata"]["generation"]
         conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
@@ -271,7 +271,8 @@ def test_bad_input_the_api_server_cannot_see_fails_naming_it(crd, namespace, roo
                            video={"width": 64, "height": 64, "frames": 9, "fps": 8}, parallel=None)
             expected = "spec.model.source"
         else:
-            (roots["outputs"] / "a-file").write_text("not a directory")
+            (roots["outputs"] / namespace).mkdir(parents=True, exist_ok=True)
+            (roots["outputs"] / namespace / "a-file").write_text("not a directory")
             doc = tiny_job("bad-output")
             doc["spec"]["output"] = {"uri": "local://a-file/video"}
             expected = "spec.output.uri"
@@ -324,5 +325,5 @@ def test_embedded_mode_runs_the_tiny_job(crd, namespace, roots, tmp_path):
         create(crd, namespace, tiny_job("embedded", steps=3))
         obj = wait_phase(crd, namespace, "embedded", {"Succeeded", "Failed"}, timeout=300)
         assert obj["status"]["phase"] == "Succeeded", obj["status"].get("message")
-    assert probe_mp4(out / "videos" / "embedded" / "embedded.mp4")["frames"] == 9
+    assert probe_mp4(out / namespace / "videos" / "embedded" / "embedded.mp4")["frames"] == 9
     assert Counter(_events(crd, namespace, "embedded"))["Succeeded"] >= 1

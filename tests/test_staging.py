@@ -9,7 +9,10 @@ see a staged file says which setting is wrong.
 
 The driver runs for real here: a Ray head of this module (Jobs API, token),
 the tiny i2v model, its image served over https by a local server under a
-test CA (tests/test_containment.py's ``https_server``).
+test CA (tests/test_containment.py's ``https_server``). An image URL with a
+query (a presigned URL) is submitted as the operator submits it, the request in
+the runtime_env: the query reaches the server but not the Ray job's entrypoint,
+the driver's log or the rank's environment (issue 21).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from helpers import require_module  # noqa: E402 - a skip, or a failure where re
 
 from helpers import RayHead, wait_for
 from test_containment import https_server  # noqa: F401 - the https server fixture (and its CA)
-from videojob.driver_protocol import DriverRequest, GroupRequest, records, result_of, submission_id
+from videojob.driver_protocol import REQUEST_ENV, DriverRequest, GroupRequest, records, result_of, submission_id
 from videojob_runtime.errors import JobFailure
 from videojob_runtime.staging import ALIVE, PREFIX, StagingDir, sweep_stale
 
@@ -196,3 +199,61 @@ def test_a_stopped_driver_removes_its_staged_inputs(staged_cluster):
     result = result_of(logs)
     assert job.status == "STOPPED" and result["error"]["reason"] == "Cancelled", logs[-3000:]
     assert _dirs(staging) == [], f"the stop left {_dirs(staging)} under the staging root"
+
+
+# -- a presigned URL: its query never leaves the request (issue 21) -----------------------
+
+SECRET = "X-Key-9c41e7-expires-1700000000"
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` was started with (this machine's /proc)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(entry.decode(errors="replace").partition("=")[::2] for entry in raw.split(b"\0") if entry)
+
+
+def test_a_query_in_the_image_url_stays_off_the_entrypoint_the_log_and_the_ranks(staged_cluster):
+    """The operator's submission path (``DriverRequest.submission``, ``DriverLaunch.submit``)
+    through the real Jobs API: the request, whose image URL has a query, goes in the
+    submission's runtime_env; the driver reads it, fetches the image with its query and
+    succeeds; the Ray job's entrypoint and the driver's log hold no query, and the rank
+    actor (the i2v model runs on one; seen while the job stalls at denoise) was started
+    without the request."""
+    from videojob.controller.groups import DriverLaunch
+
+    client, staging, server = staged_cluster
+    query = f"/face.png?v={SECRET}&expires=1"
+    server.routes[query] = server.routes["/face.png"]  # the server answers only the URL with its query
+    request = _i2v("presigned", f"{server.url}{query}",
+                   fault={"stage": "denoise", "kind": "stall", "seconds": 10})
+    entrypoint, runtime_env = request.submission(PY)
+    assert runtime_env is not None, "a request with a query must travel outside the entrypoint"
+    sid = submission_id(request.namespace, request.name, request.uid, request.attempt)
+    assert DriverLaunch(PY).submit(client, sid, entrypoint, {"videojob.io/name": request.name},
+                                   runtime_env=runtime_env) is True
+
+    def ranks_denoising():
+        logs = client.logs(sid)
+        if (job := client.job(sid)) is None or job.terminal:
+            pytest.fail(f"the Ray job ended before its ranks denoised ({job and job.status}):\n{logs[-4000:]}")
+        denoising = any(r["type"] == "progress" and r.get("stage") == "denoise" for r in records(logs))
+        ranks = client.actors(f"{request.group.name}-rank")
+        return denoising and len(ranks) == 1 and ranks[0].get("pid") and ranks
+
+    ranks = wait_for("the rank to denoise", ranks_denoising, timeout=240, interval=0.5)
+    encoded = request.encode()
+    for actor in ranks:
+        env = _environ(int(actor["pid"]))
+        assert env.get("VIDEOJOB_INPUT_CA_BUNDLE") == server.ca, f"not a rank of this head: {actor}"
+        assert REQUEST_ENV not in env, f"rank {actor['name']} was started with the request"
+        held = [k for k, v in env.items() if SECRET in v or encoded in v]
+        assert not held, f"rank {actor['name']}'s environment holds the query in {held}"
+
+    job, logs = _end(client, sid)
+    result = result_of(logs)
+    assert job.status == "SUCCEEDED" and result["ok"], logs[-4000:]
+    assert server.counts[query] == 1, f"the image was not fetched with its query: {dict(server.counts)}"
+    assert job.entrypoint == f"{PY} -m videojob_runtime.driver --request-env", job.entrypoint
+    assert "?" not in job.entrypoint and encoded not in job.entrypoint
+    assert SECRET not in logs and encoded not in logs, "the driver's log shows the query"
+    assert _dirs(staging) == [], f"left under the staging root after success: {_dirs(staging)}"

@@ -1,7 +1,9 @@
 """What the operator and a job's driver say to each other, through Ray's Jobs API.
 
 The operator submits one Ray job per attempt whose entrypoint runs
-``python -m videojob_runtime.driver --request <base64 JSON>``; the driver
+``python -m videojob_runtime.driver --request <base64 JSON>`` (or, for a
+request whose https input has a query, ``--request-env`` with the request in
+the submission's runtime_env: ``DriverRequest.submission``); the driver
 prints one-line records to its stdout, which the operator reads back with
 ``GET /api/jobs/{id}/logs``. Both sides import this module (it needs neither
 torch nor ray), so the two ends cannot disagree on a field.
@@ -56,6 +58,8 @@ PROTOCOL_VERSION = PROTOCOL_MAJOR  # the request's ``version`` field: its major
 # placement_max_wait_s) instead of failing at placement_timeout_s.
 FEATURES = frozenset({"placement-wait"})
 UPGRADE_HINT = "upgrade the RayCluster's runtime image to the operator's version"
+# The environment variable a driver started as ``--request-env`` reads its request from.
+REQUEST_ENV = "VIDEOJOB_DRIVER_REQUEST"
 
 
 def _since(version: str) -> dict[str, Any]:
@@ -119,6 +123,19 @@ class DriverRequest(BaseModel):
 
     def entrypoint(self, python: str = "python") -> str:
         return f"{shlex.quote(python)} -m videojob_runtime.driver --request {self.encode()}"
+
+    def submission(self, python: str = "python") -> tuple[str, dict[str, Any] | None]:
+        """(entrypoint, runtime_env) to submit this request with. A request whose
+        https input carries a query or fragment (a presigned URL's key) travels in the
+        submission's body, as the driver's environment (``REQUEST_ENV``), and the
+        entrypoint is ``--request-env``: Ray shows, logs and keeps entrypoints. Any
+        other request stays on the command line, which every driver version reads."""
+        inputs = (self.job.get("image"), self.job.get("face_image"))
+        if not any(isinstance(uri, str) and uri.startswith("https://") and ("?" in uri or "#" in uri)
+                   for uri in inputs):
+            return self.entrypoint(python), None
+        return (f"{shlex.quote(python)} -m videojob_runtime.driver --request-env",
+                {"env_vars": {REQUEST_ENV: self.encode()}})
 
 
 def _wire(model: BaseModel) -> dict[str, Any]:

@@ -55,7 +55,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from videojob.driver_protocol import GROUP_PREFIX, PROTOCOL, DriverRequest, ProtocolIncompatible, decode_request
+from videojob.driver_protocol import (GROUP_PREFIX, PROTOCOL, REQUEST_ENV, DriverRequest, ProtocolIncompatible,
+                                     decode_request)
 
 from .printers import PlacementPrinter, ProgressPrinter  # noqa: F401 - tests import them from here
 from .stopping import NAMESPACE, OUT, STATE, finish, group_present, install_stop_handling, remove_group
@@ -115,8 +116,12 @@ def job_request(request: DriverRequest):
     if job.get("size", "full") != "full":
         raise ValueError("job.size is the benchmarks' (a medium-size model with random weights): "
                          "no VideoJob runs at it")
-    uri = request.output_uri or f"local://{request.namespace}/{request.name}"
-    output_dir = resolve(uri, "output", "spec.output.uri")
+    if job.get("namespace") not in (None, request.namespace):
+        raise ValueError("job.namespace is the driver's to set, from the request's namespace")
+    job["namespace"] = request.namespace  # every rank resolves the job's locations in its namespace's directory
+    # The default: <output root>/<namespace>/<name> (where it was before locations were per namespace).
+    uri = request.output_uri or f"local://{request.name}"
+    output_dir = resolve(uri, "output", "spec.output.uri", namespace=request.namespace)
     _check_writable(output_dir, uri)
     job["output_dir"] = str(output_dir)
     job.setdefault("output_name", request.name)
@@ -412,7 +417,30 @@ def preempt(name: str, world: int, job_id: str) -> int:
 # -- entry point -------------------------------------------------------------------
 
 
-REQUEST_ENV = "VIDEOJOB_DRIVER_REQUEST"
+# Ray's job supervisor hands the submission's runtime_env to the driver here; ray.init
+# makes it every task's and actor's.
+JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def forget_request_env() -> None:
+    """Drop ``REQUEST_ENV`` from this process's environment and from the job config
+    Ray's job supervisor passed it (a request submitted in the runtime_env:
+    ``DriverRequest.submission``), before ``ray.init``: the ranks never inherit it
+    and the GCS never keeps it."""
+    import json
+
+    os.environ.pop(REQUEST_ENV, None)
+    text = os.environ.get(JOB_CONFIG_ENV)
+    if not text:
+        return
+    try:
+        config = json.loads(text)
+        env_vars = (config.get("runtime_env") or {}).get("env_vars") or {}
+    except (ValueError, AttributeError):
+        return  # not ours to judge: ray.init reads it as it is
+    if REQUEST_ENV in env_vars:
+        del env_vars[REQUEST_ENV]
+        os.environ[JOB_CONFIG_ENV] = json.dumps(config)
 
 
 def hide_request() -> None:
@@ -455,7 +483,8 @@ def main(argv: list[str] | None = None) -> int:
         return finish(teardown(args.teardown, args.world))
     if args.preempt:
         return finish(preempt(args.preempt, args.world, args.job))
-    encoded = args.request if args.request is not None else os.environ.pop(REQUEST_ENV, "")
+    encoded = args.request if args.request is not None else os.environ.get(REQUEST_ENV, "")
+    forget_request_env()
     try:
         request, ignored = decode_request(encoded)
     except ProtocolIncompatible as exc:

@@ -4,7 +4,8 @@ Frames arrive as a uint8 array [T, H, W, 3]. libx264 with yuv420p needs even
 sizes, so an odd edge is cropped by one pixel (and said so in the result).
 Locations: a plain directory (``videojob run --out DIR``), ``local://path``
 under VIDEOJOB_OUTPUT_ROOT, or ``pvc://claim/path`` under the claim's mount
-(VIDEOJOB_VOLUMES_ROOT/claim).
+(VIDEOJOB_VOLUMES_ROOT/claim); an operator job's in its namespace's directory
+there (``locations``: ``<root>/<namespace>/path``).
 
 Atomic: every file is written under a temporary name in the same directory
 and renamed into place, the result JSON last (it is the "done" marker); on
@@ -53,10 +54,11 @@ class WrittenOutput:
     video_bytes: int
 
 
-def resolve_location(uri: str, field: str = "spec.output.uri") -> Path:
-    """The local directory behind an output uri, contained in its root
-    (checked again here: the API's check may have been skipped)."""
-    return resolve(uri, "output", field)
+def resolve_location(uri: str, field: str = "spec.output.uri", namespace: str | None = None) -> Path:
+    """The local directory behind an output uri, contained in its root, and in the job's
+    namespace's directory there when it has one (checked again here: the API's check may
+    have been skipped)."""
+    return resolve(uri, "output", field, namespace=namespace)
 
 
 def _checked_name(name: str) -> str:

@@ -237,8 +237,9 @@ def clip_text_model_compat(pipe):
     return pipe
 
 
-def resolve_source(model_id: str, source: str | None) -> Path:
-    """The local directory holding a real model's weights."""
+def resolve_source(model_id: str, source: str | None, namespace: str | None = None) -> Path:
+    """The local directory holding a real model's weights (an operator job's pvc:// and local://
+    sources in its namespace's directory, or in a shared read-only model location: ``locations``)."""
     model = get_model(model_id)
     uri = source or (f"hf://{model.hub_id}" if model.hub_id else None)
     if uri is None:
@@ -246,7 +247,7 @@ def resolve_source(model_id: str, source: str | None) -> Path:
     if uri.startswith("hf://"):
         repo, _, revision = check_uri(uri, "source", "spec.model.source").removeprefix("hf://").partition("@")
         return hub_snapshot(repo, revision or None)
-    path = resolve(uri, "source", "spec.model.source")  # contained in VIDEOJOB_MODEL_ROOT or the claim
+    path = resolve(uri, "source", "spec.model.source", namespace=namespace)  # contained: locations.resolve
     if not (path / "model_index.json").exists():
         raise ModelSourceMissing(
             f"no diffusers model at {path} (model_index.json missing): check spec.model.source "
@@ -282,7 +283,7 @@ def _is_motion_adapter(path: Path) -> bool:
     return config.exists() and json.loads(config.read_text()).get("_class_name") == "MotionAdapter"
 
 
-def _load_animatediff(model_id: str, source: str | None, dtype: str):
+def _load_animatediff(model_id: str, source: str | None, dtype: str, namespace: str | None = None):
     """AnimateDiff in its published layout: a motion adapter plus a Stable
     Diffusion 1.5 base pipeline (the catalog's ``base_hub_id``, from the
     offline hub cache), with the DDIM settings AnimateDiff's examples use.
@@ -295,7 +296,7 @@ def _load_animatediff(model_id: str, source: str | None, dtype: str):
         repo, _, revision = check_uri(uri, "source", "spec.model.source").removeprefix("hf://").partition("@")
         path = hub_snapshot(repo, revision or None)
     else:
-        path = resolve(uri, "source", "spec.model.source")
+        path = resolve(uri, "source", "spec.model.source", namespace=namespace)
     if (path / "model_index.json").exists():  # a whole AnimateDiffPipeline
         return clip_text_model_compat(AnimateDiffPipeline.from_pretrained(path, dtype=torch_dtype(dtype)))
     if not _is_motion_adapter(path):
@@ -311,9 +312,9 @@ def _load_animatediff(model_id: str, source: str | None, dtype: str):
 
 
 def load_pipeline(model_id: str, task: str, dtype: str, source: str | None = None, seed: int = 0,
-                  transformer_class: type | None = None, size: str = "full"):
-    """The pipeline for a job: tiny models are built, real ones loaded;
-    ``size="medium"`` builds a real model at its benchmark size instead."""
+                  transformer_class: type | None = None, size: str = "full", namespace: str | None = None):
+    """The pipeline for a job: tiny models are built, real ones loaded (``namespace``: the operator
+    job's, for its source's location); ``size="medium"`` builds a real model at its benchmark size instead."""
     model = get_model(model_id)
     if size == "medium":
         return build_medium_pipeline(model_id, task, dtype, seed, transformer_class)
@@ -324,8 +325,8 @@ def load_pipeline(model_id: str, task: str, dtype: str, source: str | None = Non
     if source == RANDOM_WEIGHTS:
         return build_random_pipeline(model_id, task, dtype, seed, transformer_class)
     if model.family == Family.ANIMATEDIFF:
-        return _load_animatediff(model_id, source, dtype)
-    path = resolve_source(model_id, source)
+        return _load_animatediff(model_id, source, dtype, namespace)
+    path = resolve_source(model_id, source, namespace)
     kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype)}
     if transformer_class is not None:
         kwargs["transformer"] = transformer_class.from_pretrained(path, subfolder="transformer",
@@ -335,7 +336,7 @@ def load_pipeline(model_id: str, task: str, dtype: str, source: str | None = Non
 
 def build_parallel_pipeline(model_id: str, task: str, dtype: str, source: str | None, seed: int, *,
                             ulysses: int, ring: int, cfg: int, on_cpu: bool, width: int, height: int,
-                            frames: int, steps: int, size: str = "full"):
+                            frames: int, steps: int, size: str = "full", namespace: str | None = None):
     """The pipeline for a multi-rank layout, wrapped the way xfuser runs this family.
 
     torch.distributed and xfuser's parallel groups must be up (``distributed``);
@@ -360,12 +361,13 @@ def build_parallel_pipeline(model_id: str, task: str, dtype: str, source: str | 
     if kind == "wrapper":
         import xfuser
 
-        return getattr(xfuser, name)(load_pipeline(model_id, task, dtype, source, seed, size=size), engine_config)
+        return getattr(xfuser, name)(load_pipeline(model_id, task, dtype, source, seed, size=size,
+                                                   namespace=namespace), engine_config)
     from xfuser.core.distributed import initialize_runtime_state
     from xfuser.model_executor.models.transformers import transformer_wan
 
     pipe = load_pipeline(model_id, task, dtype, source, seed, transformer_class=getattr(transformer_wan, name),
-                         size=size)
+                         size=size, namespace=namespace)
     initialize_runtime_state(pipe, engine_config)
     return pipe
 

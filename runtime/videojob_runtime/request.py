@@ -82,6 +82,10 @@ class JobRequest:
     # plain paths inside it (its copies of https inputs, a test's files). A
     # spec never sets it; without it every input must be a pvc:// or local:// uri.
     local_inputs_dir: str | None = None
+    # The operator job's namespace (the driver sets it from its request): every
+    # local:// and pvc:// location resolves inside that namespace's directory
+    # (locations.py). None (`videojob run`): the roots themselves.
+    namespace: str | None = None
     offload: str = "none"
     vae_tiling: bool = False
     vae_slicing: bool = False

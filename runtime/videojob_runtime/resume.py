@@ -318,10 +318,10 @@ def job_fingerprint(req) -> str:
     inputs: dict[str, bytes] = {}
     for name, uri in (("image", req.image), ("face_image", req.face_image)):
         if uri:
-            inputs[name] = resolve_input(uri, f"spec.{name}", req.local_inputs_dir).read_bytes()
+            inputs[name] = resolve_input(uri, f"spec.{name}", req.local_inputs_dir, req.namespace).read_bytes()
             if name == "face_image":
                 inputs["face_embeddings"] = resolve_input(f"{uri}.npz", "spec.faceImage",
-                                                          req.local_inputs_dir).read_bytes()
+                                                          req.local_inputs_dir, req.namespace).read_bytes()
     return fingerprint(req.to_dict(), inputs)
 
 

@@ -120,8 +120,8 @@ class RankWorker:
     def _key(self, req: JobRequest) -> tuple:
         # Random weights (tiny models, the medium size) depend on the seed: a new seed is a new pipeline.
         seeded = req.model_id.startswith("tiny-") or req.size != "full"
-        return (req.model_id, req.task, req.dtype, req.source, req.seed if seeded else None, req.size,
-                req.offload, req.fp8_weights, req.cache, req.cache_threshold)
+        return (req.model_id, req.task, req.dtype, req.source, req.namespace, req.seed if seeded else None,
+                req.size, req.offload, req.fp8_weights, req.cache, req.cache_threshold)
 
     def load(self, req: JobRequest) -> dict[str, Any]:
         """Build (or keep) the pipeline for this job; returns whether it was reused.
@@ -156,12 +156,13 @@ class RankWorker:
         from .pipelines import build_parallel_pipeline, load_pipeline
 
         if self.world_size == 1:
-            pipe = load_pipeline(req.model_id, req.task, req.dtype, req.source, req.seed, size=req.size)
+            pipe = load_pipeline(req.model_id, req.task, req.dtype, req.source, req.seed, size=req.size,
+                                 namespace=req.namespace)
         else:
             pipe = build_parallel_pipeline(
                 req.model_id, req.task, req.dtype, req.source, req.seed, ulysses=self.ulysses, ring=self.ring,
                 cfg=self.cfg, on_cpu=self.device == "cpu", width=req.width, height=req.height, frames=req.frames,
-                steps=req.steps, size=req.size)
+                steps=req.steps, size=req.size, namespace=req.namespace)
         from .pipelines import inner_pipeline
 
         inner_pipeline(pipe).set_progress_bar_config(disable=True)  # progress is reported, not printed
@@ -372,14 +373,15 @@ class RankWorker:
         if req.task == "i2v":
             if not req.image:
                 raise JobFailure("task i2v needs spec.image", stage="inputs")
-            return {"image": load_image(req.image, req.width, req.height, "spec.image", req.local_inputs_dir)}
+            return {"image": load_image(req.image, req.width, req.height, "spec.image", req.local_inputs_dir,
+                                        req.namespace)}
         if req.task == "identity":
             if not req.face_image:
                 raise JobFailure("task identity needs spec.faceImage", stage="inputs")
             id_cond, id_vit_hidden = load_face_embeddings(req.face_image, torch_dtype(req.dtype), "spec.faceImage",
-                                                          req.local_inputs_dir)
+                                                          req.local_inputs_dir, req.namespace)
             return {"image": load_image(req.face_image, req.width, req.height, "spec.faceImage",
-                                        req.local_inputs_dir),
+                                        req.local_inputs_dir, req.namespace),
                     "id_cond": id_cond, "id_vit_hidden": id_vit_hidden}
         return {}
 

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from pydantic import Field, ValidationError
 
+from ..redaction import redact_url
 from .common import API_GROUP, API_VERSION, KIND, WireModel
 from .rules import spec_problems
 from .spec import VideoJobSpec
@@ -89,6 +90,8 @@ def _describe(error: dict[str, Any]) -> str:
         return f"{value!r} is not one of: {ctx['expected'].replace(chr(39), '')}"
     if kind == "enum":
         return f"{value!r} is not one of: {ctx['expected'].replace(chr(39), '')}"
+    if isinstance(value, str) and "://" in value:
+        value = redact_url(value)  # a presigned URL's query is its key: never in a message
     return f"{error['msg']} (got {value!r})"
 
 

@@ -5,7 +5,9 @@ Schemes:
   pvc://CLAIM/sub/path   a PersistentVolumeClaim mounted into the actors
   local://sub/path       relative to the runtime's root (VIDEOJOB_DATA_ROOT
                          for inputs, VIDEOJOB_OUTPUT_ROOT for outputs,
-                         VIDEOJOB_MODEL_ROOT for model sources)
+                         VIDEOJOB_MODEL_ROOT for model sources); an operator
+                         job's pvc:// and local:// paths are inside its
+                         namespace's directory of that root or claim
   hf://ORG/NAME[@REV]    a hub id resolved from an offline cache (sources only)
   https://HOST/path      fetched once per job by the driver (input images only;
                          plain http is refused: anyone on the path could swap it)
@@ -25,7 +27,9 @@ way (no look-arounds, no ``\\s``; ``$`` is made strict for Python), so the
 API server, ``videojob validate`` (the pydantic types below) and the runtime
 (``uri_problem``, called again by the resolver on the actor) give the same
 verdict. Kubernetes object names have their own rule here too
-(``name_problem``): a job's name becomes its output file names.
+(``name_problem``): a job's name becomes its output file names; and so do
+namespace names (``namespace_problem``): an operator job's locations resolve
+in its namespace's own directory (the runtime's ``locations``).
 """
 
 from __future__ import annotations
@@ -205,6 +209,21 @@ def name_problem(name: object) -> str | None:
     if _DNS1123.search(name) is None:
         return (f"{name!r} is not a DNS-1123 subdomain (Kubernetes' rule for object names): lower-case letters, "
                 "digits, '-' and '.', starting and ending with a letter or digit, e.g. my-video-1")
+    return None
+
+
+DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_LABEL = _python(DNS1123_LABEL)
+
+
+def namespace_problem(namespace: object) -> str | None:
+    """What is wrong with ``namespace`` as a Kubernetes namespace name (a DNS-1123 label; None: valid).
+    A job's namespace becomes the directory its local:// and pvc:// locations resolve in."""
+    if not isinstance(namespace, str) or not namespace:
+        return "is required (a string)"
+    if len(namespace) > 63 or _LABEL.search(namespace) is None:
+        return (f"{namespace!r} is not a DNS-1123 label (Kubernetes' rule for namespace names): at most 63 "
+                "lower-case letters, digits and '-', starting and ending with a letter or digit")
     return None
 
 

@@ -135,9 +135,10 @@ class Attempts:
                 if self.deleting.is_set():
                     raise Stopped
                 launch = self.ctx.launch
+                entrypoint, runtime_env = request.submission(launch.python)  # queries off the command line
                 try:
                     created = self._ray(stopped, lambda: launch.submit(
-                        self.ctx.ray, sid, request.entrypoint(launch.python),
+                        self.ctx.ray, sid, entrypoint, runtime_env=runtime_env,
                         metadata={"videojob.io/namespace": self.namespace, "videojob.io/name": self.name,
                                   "videojob.io/uid": self.uid, "videojob.io/attempt": str(attempt["number"])}),
                         Phase.RUNNING.value)

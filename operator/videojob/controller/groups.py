@@ -21,7 +21,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from ..driver_protocol import GROUP_PREFIX, preempt_entrypoint, teardown_entrypoint
 from ..raycluster.client import RayClient
@@ -78,9 +78,11 @@ class DriverLaunch:
     def of(cls, settings) -> "DriverLaunch":
         return cls(settings.driver_interpreter, settings.entrypoint_resources)
 
-    def submit(self, ray: RayClient, submission_id: str, entrypoint: str, metadata: dict[str, str]) -> bool:
-        """Submit one driver (True: created; False: it existed, adopt it)."""
-        return ray.submit(submission_id, entrypoint, entrypoint_num_cpus=0,
+    def submit(self, ray: RayClient, submission_id: str, entrypoint: str, metadata: dict[str, str],
+               runtime_env: dict[str, Any] | None = None) -> bool:
+        """Submit one driver (True: created; False: it existed, adopt it); ``runtime_env``:
+        what ``DriverRequest.submission`` keeps off the command line."""
+        return ray.submit(submission_id, entrypoint, entrypoint_num_cpus=0, runtime_env=runtime_env,
                           entrypoint_resources=dict(self.resources) or None, metadata=metadata)
 
 
