@@ -130,6 +130,7 @@ demo-cluster: venv cluster-up
 # (benchmarks/machine.py). gpu-*.json come from `make gpu-check` on a GPU machine.
 # operator_load.py starts (or reuses) the loopback cluster itself, like the tests
 # (it exits 1 only when jobs did not all come through; a missed rate goal is in its JSON).
+# kueue_load.py: 1,000 jobs from four teams through real Kueue (kueue admission mode).
 # runtime_bench.py: actor-group overhead and cold vs warm, tiny models and CogVideoX-2b at the
 # medium size through `videojob run`'s path vs the diffusers pipeline (runtime.json).
 # head_memory.py: the Ray head pod's memory with 1 and 8 concurrent jobs, drivers on the
@@ -149,6 +150,7 @@ bench: venv cluster-tools helm-tool
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/operator_load.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/operator_load.py --precreate \
 	  --out benchmarks/results/operator_load_precreated.json
+	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/kueue_load.py
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/head_memory.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(MAKE) chaos
 	$(MAKE) test-slow

@@ -210,7 +210,8 @@ class _Timed:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--namespace", required=True, action="append",
+                        help="a namespace to watch (repeat for several)")
     parser.add_argument("--stats", required=True, help="JSON file the counters are written to")
     parser.add_argument("--delay-s", type=float, default=0.0, help="seconds a driver runs before SUCCEEDED")
     parser.add_argument("--api-pool", type=int, default=None,
@@ -264,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     # Planning time, measured where the lifecycle calls the planner (no behaviour change).
     lifecycle.plan_classes = timed.wrap("planner.planClasses", lifecycle.plan_classes)
 
-    settings = OperatorSettings().model_copy(update={"namespaces": [args.namespace]})
+    settings = OperatorSettings().model_copy(update={"namespaces": list(args.namespace)})
     ray = InstantRay(delay_s=args.delay_s)
     api = None
     if args.api_pool:
@@ -328,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
 
     threading.Thread(target=stats_loop, name="bench-stats", daemon=True).start()
     try:
-        kopf.run(registry=registry, standalone=True, namespaces=[args.namespace], clusterwide=False,
+        kopf.run(registry=registry, standalone=True, namespaces=list(args.namespace), clusterwide=False,
                  memo=kopf.Memo(controller=controller))
     finally:
         stop.set()

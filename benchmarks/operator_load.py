@@ -202,18 +202,22 @@ def free_port() -> int:
 class Operator:
     """``benchmarks/fake_ray.py`` as a subprocess in its own process group."""
 
-    def __init__(self, namespace: str, kubeconfig: Path, workdir: Path, delay_s: float, api_pool: int | None):
+    def __init__(self, namespace: str | list[str], kubeconfig: Path, workdir: Path, delay_s: float,
+                 api_pool: int | None, extra_env: dict[str, str] | None = None):
+        namespaces = [namespace] if isinstance(namespace, str) else list(namespace)
         self.stats_path = workdir / "operator-stats.json"
         self.log_path = workdir / "operator.log"
         self.port = free_port()
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "VIDEOJOB_METRICS_PORT": str(self.port),
                "VIDEOJOB_INVENTORY_FILE": str(workdir / "inventory.yaml"), "VIDEOJOB_RAY_MODE": "address",
-               "VIDEOJOB_RAY_DASHBOARD_URL": "http://instant-ray.invalid", "PYTHONUNBUFFERED": "1"}
+               "VIDEOJOB_RAY_DASHBOARD_URL": "http://instant-ray.invalid", "PYTHONUNBUFFERED": "1",
+               **(extra_env or {})}
         env.pop("RAY_ADDRESS", None)
         (workdir / "inventory.yaml").write_text(yaml.safe_dump(INVENTORY, sort_keys=False))
         self.log_file = open(self.log_path, "w")
         self.process = subprocess.Popen(
-            [sys.executable, str(FAKE_OPERATOR), "--namespace", namespace, "--stats", str(self.stats_path),
+            [sys.executable, str(FAKE_OPERATOR), *[a for ns in namespaces for a in ("--namespace", ns)],
+             "--stats", str(self.stats_path),
              "--delay-s", str(delay_s), *(["--api-pool", str(api_pool)] if api_pool else [])],
             env=env, cwd=str(REPO), stdout=self.log_file, stderr=subprocess.STDOUT, start_new_session=True)
         self.pid = self.process.pid

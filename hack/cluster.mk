@@ -4,7 +4,7 @@
 # hack/cluster/localcluster.py (entry point) and hack/cluster/lc/ (one module per
 # component; lc/cluster.py lists them in start order).
 #
-#   cluster-tools   build the binaries from tools/, tools/kwok and tools/kuberay
+#   cluster-tools   build the binaries from tools/, tools/kwok, tools/kuberay and tools/kueue
 #                   into ~/.cache/videojob (cached); cluster-tools-base: tools/ only
 #   cluster-up      start the cluster (or reuse a healthy one); .cluster/kubeconfig
 #   cluster-down    stop it and delete its etcd data
@@ -31,6 +31,7 @@ CLUSTER_PY := $(CLUSTER_HACK)/localcluster.py
 cluster-tools: cluster-tools-base
 	bash $(CLUSTER_HACK)/build-gotool.sh kwok
 	bash $(CLUSTER_HACK)/build-gotool.sh kuberay
+	bash $(CLUSTER_HACK)/build-gotool.sh kueue
 
 # The default cluster needs only tools/ (etcd, apiserver, controller-manager, kubectl).
 cluster-tools-base:

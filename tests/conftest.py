@@ -24,6 +24,10 @@ e2e_cluster    session scope. The full cluster whose pods really run
                the nodes of hack/cluster/runner-nodes.yaml) in its own cluster dir,
                $VIDEOJOB_E2E_CLUSTER_DIR or <repo>/.cluster-e2e. Needs root. An
                E2ECluster; skips or fails like kube_cluster.
+kueue          session scope. Kueue's controller manager (tools/kueue, built by
+               build-gotool.sh unless VIDEOJOB_CLUSTER_NO_BUILD=1) on kube_cluster
+               with its CRDs and webhooks (hack/cluster/lc/kueue.py); an
+               lc.kueue.Kueue. Skips or fails like kube_cluster.
 full_namespace function scope. A fresh namespace in full_cluster; deleted
                afterwards, waiting (60 s at most) until it is gone, so the next
                test finds the fake nodes' GPUs free.
@@ -267,6 +271,20 @@ def e2e_cluster():
         yield E2ECluster(state)
     finally:
         _cluster_release(state)
+
+
+@pytest.fixture(scope="session")
+def kueue(kube_cluster: KubeCluster, tmp_path_factory):
+    """Kueue's real controller manager on kube_cluster, its CRDs applied and webhooks
+    served (hack/cluster/lc/kueue.py); stopped, webhook configurations deleted, at the
+    session's end. Skips or fails like kube_cluster; tests/kueue_helpers.py makes objects."""
+    from kueue_helpers import start_kueue
+
+    running = start_kueue(kube_cluster, tmp_path_factory.mktemp("kueue"))
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 def _new_namespace(cluster: KubeCluster) -> str:

@@ -60,6 +60,10 @@ class GpuClass:
     node: Inventory  # per-GPU memory, GPUs per pod, host RAM, GPU type (what the planner reads)
     max_pods: int = 1
     cost: float = 1.0  # relative cost of one GPU-second
+    # The class's pods' node selector (the chart's gpuClasses[].nodeSelector): in
+    # kueue admission mode, the Workload's pod set carries it, so Kueue assigns a
+    # flavor whose node labels match the class.
+    node_selector: tuple[tuple[str, str], ...] = ()
 
     @property
     def gpus_per_pod(self) -> int:
@@ -131,7 +135,7 @@ def local_cpu_inventory() -> ClusterInventory:
     return ClusterInventory((GpuClass("local", node),), "cpu")
 
 
-_CLASS_KEYS = {"name", "gpuMemory", "gpusPerPod", "maxPods", "hostMemory", "gpuType", "cost"}
+_CLASS_KEYS = {"name", "gpuMemory", "gpusPerPod", "maxPods", "hostMemory", "gpuType", "cost", "nodeSelector"}
 _LEGACY_KEYS = {"gpuMemory", "gpusPerNode", "hostMemory", "gpuType", "device", "maxPods"}
 
 
@@ -174,7 +178,11 @@ def _parse_class(data: Any, where: str, device: str) -> GpuClass:
         raise ValueError(f"{where}: {exc}") from None
     if node.gpu_memory <= 0 or node.host_memory <= 0:
         raise ValueError(f"{where}: gpuMemory and hostMemory must be positive")
-    return GpuClass(name, node, pods, cost)
+    selector = data.get("nodeSelector") or {}
+    if not isinstance(selector, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in selector.items()):
+        raise ValueError(f"{where}.nodeSelector must be a mapping of label names to strings, got {selector!r}")
+    return GpuClass(name, node, pods, cost, tuple(sorted(selector.items())))
 
 
 def parse_inventory(data: Any, where: str = "inventory") -> ClusterInventory:

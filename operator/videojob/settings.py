@@ -161,6 +161,17 @@ class OperatorSettings(BaseSettings):
     oom_margin: float = Field(default=1.25, gt=1.0, le=4.0,
                               description="After an out-of-memory failure the job is re-planned assuming it needs "
                                           "this many times the estimated memory (compounded per such failure).")
+    admission: str = Field(
+        default="builtin", pattern="^(builtin|kueue)$",
+        description="Who admits jobs: builtin (the operator's own scheduler owns every GPU of its classes) or "
+                    "kueue (each attempt is a Kueue Workload in the job's LocalQueue; Kueue's quotas, fair "
+                    "sharing and preemption decide; no warm groups are kept, as their GPUs would be outside "
+                    "Kueue's books).")
+    kueue_default_queue: str = Field(
+        default="default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="kueue mode: the LocalQueue of jobs without spec.queueName (in their namespace).")
+    kueue_poll_interval_s: float = Field(
+        default=2.0, gt=0, description="kueue mode: seconds between looks at a Workload (pending or admitted).")
     allow_fault_injection: bool = Field(
         default=False, description="Honour the videojob.io/inject-fault annotation (tests only: it makes a job "
                                    "fail on purpose).")

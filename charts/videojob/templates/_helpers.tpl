@@ -175,6 +175,11 @@ The data volume (the claim, or an emptyDir when persistence is off), /tmp and
   value: {{ printf "%s/staging" $data | quote }}
 - name: HF_HUB_OFFLINE
   value: "1"
+{{- with .Values.runtime.sharedModelRoots }}
+{{- /* read-only model locations every namespace's spec.model.source may name (locations.py) */}}
+- name: VIDEOJOB_SHARED_MODEL_ROOTS
+  value: {{ join "," . | quote }}
+{{- end }}
 {{- /* Ray's job manager (on the head) fails a job whose JobSupervisor waits longer than this
 for its resources (default 15 min): a driver waiting for a free vj-driver slot may wait as
 long as a placement may (operator.settings.placementMaxWaitS). */}}

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .common import HACK, ClusterError, log
+from .common import HACK, REPO, ClusterError, log
 
 BUILD_TOOLS = HACK / "build-tools.sh"
 BUILD_GOTOOL = HACK / "build-gotool.sh"
@@ -75,3 +75,19 @@ def go_command() -> str:
     if not os.access(go, os.X_OK) and not shutil.which(go):
         raise ClusterError("no go toolchain found (set GO=/path/to/go)")
     return go
+
+
+def go_module_dir(module: str, tool: str) -> tuple[Path, str]:
+    """Where the Go module cache holds ``module`` at the version tools/<tool> pins, and
+    that version (`go mod download -json`, downloading it when missing)."""
+    import json
+
+    res = subprocess.run([go_command(), "mod", "download", "-json", module], cwd=REPO / "tools" / tool,
+                         capture_output=True, text=True)
+    try:
+        info = json.loads(res.stdout)
+    except ValueError:
+        info = {}
+    if res.returncode != 0 or not info.get("Dir"):
+        raise ClusterError(f"cannot locate {module} (tools/{tool}): {info.get('Error') or res.stderr.strip()[-2000:]}")
+    return Path(info["Dir"]), info.get("Version", "unknown")

@@ -9,14 +9,12 @@ webhooks or leader election, with loopback metrics and probe addresses.
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 
-from .binaries import go_command, resolve_tool_bin_dir
+from .binaries import go_module_dir, resolve_tool_bin_dir
 from .client import api, kubectl
-from .common import REPO, ClusterError, Paths
+from .common import ClusterError, Paths
 from .procs import wait_until
 from .steps import Process, Run, Step
 
@@ -33,20 +31,11 @@ def kuberay_crds() -> tuple[Path, str]:
     override = os.environ.get("VIDEOJOB_KUBERAY_CRD_DIR")
     if override:
         return Path(override).resolve(), "unknown"
-    res = subprocess.run([go_command(), "mod", "download", "-json", KUBERAY_MODULE],
-                         cwd=REPO / "tools" / "kuberay", stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        info = json.loads(res.stdout)
-    except ValueError:
-        info = {}
-    if res.returncode != 0 or not info.get("Dir"):
-        raise ClusterError(f"cannot locate {KUBERAY_MODULE} (tools/kuberay): "
-                           f"{info.get('Error') or res.stderr.strip()[-2000:]}")
-    crd_dir = Path(info["Dir"]) / "config" / "crd" / "bases"
+    module_dir, version = go_module_dir(KUBERAY_MODULE, "kuberay")
+    crd_dir = module_dir / "config" / "crd" / "bases"
     if not sorted(crd_dir.glob("*.yaml")):
         raise ClusterError(f"no CRDs in {crd_dir}")
-    return crd_dir, info.get("Version", "unknown")
+    return crd_dir, version
 
 
 def crd_established(state: dict, paths: Paths, name: str) -> bool:

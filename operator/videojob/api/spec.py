@@ -227,6 +227,10 @@ class VideoJobSpec(WireModel):
     cache: CacheSpec = Field(default_factory=CacheSpec, description="Step-cache reuse (default auto).")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec,
                                      description="GPU limits, priority and offload permission.")
+    queue_name: Optional[str] = Field(
+        default=None, alias="queueName", min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="kueue admission mode: the LocalQueue (in the job's namespace) its Workloads go to "
+                    "(default: the operator's kueueDefaultQueue, `default`). Ignored by the built-in scheduler.")
     parallel: Optional[ParallelSpec] = Field(default=None, description="Force the parallel layout (default: the "
                                                                        "planner's choice).")
     memory: Optional[MemorySpec] = Field(default=None, description="Force memory strategies (default: the "

@@ -62,6 +62,8 @@ class Reason(str, Enum):
     PROTOCOL_INCOMPATIBLE = "ProtocolIncompatible"  # the RayCluster's runtime cannot run the operator's request
     PREEMPTED = "Preempted"  # a job of higher priority needed the GPUs: checkpointed, stopped, queued again
     SUBMISSION_REFUSED = "SubmissionRefused"  # Ray's Jobs API refused the driver for good (a 4xx): not retried
+    KUEUE_PENDING = "KueuePending"  # kueue mode: the attempt's Workload waits for Kueue (its message says why)
+    KUEUE_EVICTED = "KueueEvicted"  # kueue mode: Kueue evicted or preempted the Workload: stopped, queued again
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -145,6 +147,8 @@ class Attempt(WireModel):
         default=None, description="The Ray job (driver) of this attempt; written before it is submitted, so a "
                                   "restarted operator adopts it instead of submitting another.")
     group: Optional[str] = Field(default=None, description="The actor group this attempt runs on.")
+    workload: Optional[str] = Field(default=None, description="kueue admission mode: the Kueue Workload that "
+                                                              "admitted this attempt (in the job's namespace).")
     resumed_from_step: Optional[int] = Field(
         default=None, ge=0, description="The checkpoint's step this attempt resumed from (0: from the start).")
     steps_computed: Optional[int] = Field(

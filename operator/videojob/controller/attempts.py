@@ -47,6 +47,8 @@ class Attempts:
             group = admission.reuse or group_name(self.uid, f"a{number}")
             attempt = {"number": number, "plan": plan, "startedAt": now(), "result": "Running", "group": group,
                        "submissionId": submission_id(self.namespace, self.name, self.uid, number)}
+            if admission.workload:
+                attempt["workload"] = admission.workload
             what = f"warm group {group}" if admission.reuse else f"{plan['gpus']} rank(s) reserved"
             # Running from this write on (one write, not one before and one after
             # the submission): the submission id is durable before the driver exists,
@@ -108,7 +110,7 @@ class Attempts:
             namespace=self.namespace, name=self.name, uid=self.uid, attempt=attempt["number"],
             group=GroupRequest(name=attempt.get("group") or group_name(self.uid), ulysses=plan["ulysses"],
                                ring=plan["ring"], cfg=plan["cfg"], device=inventory.device,
-                               bundle_resources=bundle, keep=settings.warm_group_ttl_s > 0, node_type=klass.name,
+                               bundle_resources=bundle, keep=settings.warm_group_ttl_s > 0 and self.ctx.kueue is None, node_type=klass.name,
                                cpus_per_rank=settings.cpus_per_rank if inventory.device == "cpu" else None),
             job=fields, output_uri=job.spec.output.uri if job.spec.output else None,
             placement_timeout_s=settings.placement_timeout_s, placement_max_wait_s=settings.placement_max_wait_s,

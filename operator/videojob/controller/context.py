@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Any, Callable
 
 from ..api.status import Phase
 from ..inventory import ClusterInventory
@@ -31,6 +31,7 @@ class Context:
     settings: OperatorSettings
     metrics: Metrics
     event: EventFn
+    kueue: Any = None  # kueue.KueueApi in kueue admission mode (settings.admission), else None
 
     @property
     def launch(self) -> DriverLaunch:

@@ -48,6 +48,7 @@ class Deletion:
         except RayUnavailable as exc:
             log.warning("%s: deleted while Ray is unreachable (%s); what it left is for the sweeper", self.key, exc)
         finally:
+            self._kueue_delete()
             admissions.cancel(self.key)
             self.ctx.metrics.set_phase(self.key, None)
             self._capacity_metrics()

@@ -164,6 +164,11 @@ class Endings:
         error = outcome.result.get("error") or {}
         saved = int(error.get("checkpointStep") or 0)
         by = self.ctx.admissions.preempted_by(self.key)
+        evicted, self._evicted_by_kueue = getattr(self, "_evicted_by_kueue", None), None
+        if evicted is not None:
+            by = f"Kueue ({evicted[0]}: {evicted[1][:300]})"
+            attempts = [{**a, "reason": evicted[0]} if a.get("number") == attempt["number"] else a
+                        for a in attempts]
         message = (f"attempt {attempt['number']} preempted" + (f" by {by}" if by else "")
                    + f" after step {error.get('step') or '?'}; "
                    + (f"checkpoint of step {saved} saved; " if saved else "no checkpoint to resume from; ")
@@ -171,7 +176,8 @@ class Endings:
         attempts = [{**a, "message": message} if a.get("number") == attempt["number"] else a for a in attempts]
         self.book.update({"phase": Phase.QUEUED.value, "attempts": attempts, "message": message, "progress": None,
                           "actorGroup": None,
-                          "conditions": self.book.condition(ConditionType.ADMITTED, "False", Reason.PREEMPTED,
+                          "conditions": self.book.condition(ConditionType.ADMITTED, "False",
+                                                            Reason.KUEUE_EVICTED if evicted else Reason.PREEMPTED,
                                                             message)}, event_message=message)
         after_end(self)
         return True

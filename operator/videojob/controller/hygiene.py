@@ -129,7 +129,11 @@ def _kept_creator(status: dict[str, Any], attempt: dict[str, Any], uid: str) -> 
 
 def after_end(lifecycle) -> None:
     """After the write that recorded an attempt's end: its driver is owed to the sweeper (see the module).
-    ``lifecycle`` is the job's ``JobLifecycle`` (its ``book`` holds the status as written)."""
+    ``lifecycle`` is the job's ``JobLifecycle`` (its ``book`` holds the status as written).
+    In kueue mode the job's Workloads are marked Finished first: Kueue frees their quota."""
+    release = getattr(lifecycle, "_kueue_release", None)
+    if release is not None:
+        release("its attempt ended")
     try:
         attempts = lifecycle.book.status.get("attempts") or []
         attempt = attempts[-1] if attempts else {}

@@ -37,6 +37,7 @@ from .deletion import Deletion
 from .endings import Endings
 from .hygiene import after_end
 from .kube import Gone
+from .kueue_admission import KueueQueueing
 from .outcome import clip, outcome_of
 from .queueing import Queueing
 from .status import StatusBook, now
@@ -49,7 +50,7 @@ _PLAN_KEYS = ("gpus", "ulysses", "ring", "cfg", "offload", "vaeTiling", "vaeSlic
 __all__ = ["FAULT_ANNOTATION", "TERMINAL", "Context", "EventFn", "JobLifecycle", "Stopped", "epoch"]
 
 
-class JobLifecycle(Queueing, Attempts, Watching, Endings, Deletion):
+class JobLifecycle(Queueing, KueueQueueing, Attempts, Watching, Endings, Deletion):
     """One job's lifecycle (the module says how it is split)."""
 
     def __init__(self, ctx: Context, namespace: str, name: str, uid: str):
@@ -148,6 +149,7 @@ class JobLifecycle(Queueing, Attempts, Watching, Endings, Deletion):
         self.ctx.metrics.set_phase(self.key, self.book.phase)
         if self.book.phase in TERMINAL:
             self.ctx.admissions.cancel(self.key)
+            self._kueue_release("the job ended")  # a crash between the end's write and the release
             return
         try:
             job = parse_videojob(obj)

@@ -22,7 +22,7 @@ from ..inventory import load_inventory
 from ..metrics import Metrics, serve
 from ..raycluster.client import HttpRayClient, RayClient
 from ..settings import OperatorSettings
-from .kube import VideoJobs
+from .kube import VideoJobs, api_client
 from .admission import Admissions, pool_key
 from .groups import groups_in_ray, owner_uid, teardown_groups
 from .hygiene import owner_namespace, prune
@@ -71,8 +71,13 @@ class Controller:
     def start(self) -> None:
         ray = self._ray or self._ray_client()
         jobs = self._jobs or VideoJobs()
+        kueue = None
+        if self.settings.admission == "kueue":
+            from ..kueue import KueueApi
+
+            kueue = KueueApi(getattr(getattr(jobs, "api", None), "api_client", None) or api_client())
         self.ctx = Context(jobs=jobs, ray=ray, admissions=self.admissions, inventory=self.inventory,
-                           settings=self.settings, metrics=self.metrics, event=self._event or _no_event)
+                           settings=self.settings, metrics=self.metrics, event=self._event or _no_event, kueue=kueue)
         self.rebuild()
         self.health.start_probe(ADMISSIONS, self.admissions.ping)
         self.metrics_server, self.metrics_port = serve(self.metrics, self.settings.metrics_port, self.healthz)

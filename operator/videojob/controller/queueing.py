@@ -30,7 +30,9 @@ class Queueing:
 
     def _admit(self, stopped, job: VideoJob, plan: dict[str, Any]) -> tuple[Admission, dict[str, Any]]:
         """Wait for GPUs; returns the admission and the plan it runs with (another
-        class's layout when the scheduler let the job spill there)."""
+        class's layout when the scheduler let the job spill there). In kueue mode Kueue admits it."""
+        if self.ctx.kueue is not None:
+            return self._admit_kueue(stopped, job, plan)
         klass = plan.get("gpuClass") or self.ctx.inventory.classes[0].name
         choice, self._last_choice = self._last_choice or self._choice(job), None
         options = {k.name: (k, a) for k, a in choice.options}

@@ -40,6 +40,10 @@ class Watching:
         while True:
             if not preempting and self.ctx.admissions.preempt_requested(self.key):
                 preempting = self._ask_to_preempt(stopped, attempt)
+            if not preempting and self.ctx.kueue is not None:
+                self._evicted_by_kueue = self._kueue_eviction(attempt)
+                if self._evicted_by_kueue is not None:
+                    preempting = self._ask_to_preempt(stopped, attempt)
             ray_job: RayJob = self._ray(stopped, lambda: self.ctx.ray.job(sid), Phase.RUNNING.value)
             if ray_job is None:
                 return None
@@ -67,6 +71,9 @@ class Watching:
         if not group:
             return False
         by = self.ctx.admissions.preempted_by(self.key) or "a job of higher priority"
+        evicted = getattr(self, "_evicted_by_kueue", None)
+        if evicted is not None:
+            by = f"Kueue ({evicted[0]}: {evicted[1][:300]})"
         plan = self.book.status.get("plan") or {}
         self._ray(stopped, lambda: submit_preempt(self.ctx.ray, group, self._job_id(attempt),
                                                   int(plan.get("gpus") or 8), self.ctx.launch, f"preempted by {by}"),

@@ -132,6 +132,7 @@ class Admission:
     evict: tuple[str, ...] = ()
     backfilled: bool = False
     spilled: bool = False
+    workload: str | None = None  # kueue mode: the Workload that admitted it
 
 
 @dataclass(frozen=True)

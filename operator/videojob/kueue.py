@@ -1,0 +1,215 @@
+"""Kueue admission mode: a VideoJob's attempt as a Kueue ``Workload``, and what Kueue says back.
+
+Pure functions (``workload_for``, ``read_workload``, ``priority_class_for``)
+and a thin client (``KueueApi``). The planner still picks the class and the
+layout; Kueue decides when, and on which flavor (quota), the attempt runs.
+One Workload per attempt and class, named from the job's uid, so a restarted
+operator finds the one it created (``workload_name``). Kueue only reserves
+quota for a Workload it created no pods for: stopping the work on eviction,
+and telling Kueue the work is done (condition ``Finished``), are ours.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
+
+from .inventory import ClusterInventory, GpuClass
+
+GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
+GPU_RESOURCE = "nvidia.com/gpu"
+LABEL_UID, LABEL_ATTEMPT, LABEL_CLASS = "videojob.io/uid", "videojob.io/attempt", "videojob.io/gpu-class"
+POD_SET = "ranks"
+
+
+def workload_name(name: str, uid: str, attempt: int, klass: str) -> str:
+    """``<name>-<uid8>-a<N>-<class>``, at most 63 characters (a label value, as
+    Kueue uses it); a long job name is cut and a hash keeps it unique."""
+    tail = f"-{uid[:8]}-a{attempt}-{klass}"
+    head = re.sub(r"[^a-z0-9-]", "-", name.lower()).strip("-") or "videojob"
+    if len(head) + len(tail) > 63:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:6]
+        head = head[: max(1, 63 - len(tail) - 7)].rstrip("-") + "-" + digest
+    return (head + tail)[:63].rstrip("-")
+
+
+def priority_class_name(priority: int) -> str:
+    """The WorkloadPriorityClass of a VideoJob priority (-1000..1000)."""
+    return f"videojob-priority-{'m' if priority < 0 else ''}{abs(int(priority))}"
+
+
+def priority_class_for(priority: int) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "WorkloadPriorityClass",
+            "metadata": {"name": priority_class_name(priority),
+                         "labels": {"app.kubernetes.io/managed-by": "videojob-operator"}},
+            "value": int(priority),
+            "description": f"VideoJobs of spec.resources.priority {priority} (created by the videojob operator)"}
+
+
+def pod_set_requests(klass: GpuClass, gpus: int, device: str, cpus_per_rank: float | None) -> dict[str, str]:
+    """What one attempt holds: its ranks' GPUs (CPU ranks on a cpu inventory), a CPU
+    per rank at least, and its share of the pod's host memory."""
+    share = gpus / klass.gpus_per_pod
+    memory_mi = max(256, int(klass.node.host_memory * share / 2**20))
+    cpus = gpus * (cpus_per_rank or 1.0)
+    requests = {"cpu": f"{int(round(cpus * 1000))}m", "memory": f"{memory_mi}Mi"}
+    if device == "cuda":
+        requests[GPU_RESOURCE] = str(gpus)
+    return requests
+
+
+def workload_for(*, namespace: str, name: str, uid: str, attempt: int, plan: dict[str, Any], queue: str,
+                 priority: int, inventory: ClusterInventory, cpus_per_rank: float | None) -> dict[str, Any]:
+    """The Workload of ``attempt`` with ``plan``: one pod set of the plan's GPUs, CPU and
+    memory with the class's node selector, in LocalQueue ``queue``, owned by the
+    VideoJob (deleted with it), with the job's priority's WorkloadPriorityClass."""
+    klass = inventory.get(plan["gpuClass"]) if plan.get("gpuClass") else inventory.classes[0]
+    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [{
+        "name": "ranks", "image": "videojob-ranks",  # never run: Kueue reads the requests
+        "resources": {"requests": pod_set_requests(klass, int(plan["gpus"]), inventory.device, cpus_per_rank)}}]}
+    if klass.node_selector:
+        spec["nodeSelector"] = dict(klass.node_selector)
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Workload",
+        "metadata": {
+            "name": workload_name(name, uid, attempt, klass.name), "namespace": namespace,
+            "labels": {LABEL_UID: uid, LABEL_ATTEMPT: str(attempt), LABEL_CLASS: klass.name,
+                       "app.kubernetes.io/managed-by": "videojob-operator"},
+            "ownerReferences": [{"apiVersion": "videojob.io/v1alpha1", "kind": "VideoJob", "name": name,
+                                 "uid": uid, "controller": True, "blockOwnerDeletion": False}]},
+        "spec": {"queueName": queue, "priority": int(priority),
+                 "priorityClassRef": {"group": GROUP, "kind": "WorkloadPriorityClass",
+                                      "name": priority_class_name(priority)},
+                 "podSets": [{"name": POD_SET, "count": 1, "template": {"spec": spec}}]},
+    }
+
+
+@dataclass(frozen=True)
+class WorkloadState:
+    """What Kueue says about one Workload."""
+
+    admitted: bool
+    flavor: str | None  # the flavor the pod set's first resource was admitted on
+    evicted: tuple[str, str] | None  # (reason, message) while Kueue evicts or preempted it
+    finished: bool
+    waiting: str  # Kueue's message while it is not admitted
+
+
+def _conditions(wl: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c.get("type"): c for c in (wl.get("status") or {}).get("conditions") or []}
+
+
+def read_workload(wl: dict[str, Any]) -> WorkloadState:
+    conds = _conditions(wl)
+    status = wl.get("status") or {}
+    admission = status.get("admission") or {}
+    flavors: dict[str, str] = {}
+    for assignment in admission.get("podSetAssignments") or []:
+        flavors.update(assignment.get("flavors") or {})
+    flavor = flavors.get(GPU_RESOURCE) or flavors.get("cpu") or next(iter(flavors.values()), None)
+    admitted = (conds.get("Admitted") or {}).get("status") == "True" and bool(admission)
+    evicted = None
+    for kind in ("Evicted", "Preempted"):
+        c = conds.get(kind)
+        if c and c.get("status") == "True":
+            evicted = (str(c.get("reason") or kind), str(c.get("message") or ""))
+            break
+    finished = (conds.get("Finished") or {}).get("status") == "True"
+    quota = conds.get("QuotaReserved") or {}
+    waiting = str(quota.get("message") or "") if quota.get("status") != "True" else ""
+    if not waiting and not admitted:
+        waiting = "Kueue has not looked at the Workload yet" if not conds else "admission checks pending"
+    return WorkloadState(admitted, flavor, evicted, finished, waiting)
+
+
+def class_of_flavor(flavor: str | None, flavors: dict[str, dict[str, str]], inventory: ClusterInventory) -> str | None:
+    """The GPU class a flavor stands for: the class of that name, else the class whose
+    node selector the flavor's node labels (``flavors``: name -> nodeLabels) include."""
+    if not flavor:
+        return None
+    names = {c.name for c in inventory.classes}
+    if flavor in names:
+        return flavor
+    labels = flavors.get(flavor) or {}
+    for c in inventory.classes:
+        if c.node_selector and all(labels.get(k) == v for k, v in c.node_selector):
+            return c.name
+    return None
+
+
+class KueueApi:
+    """The few calls kueue mode makes: Workloads in the job's namespace, WorkloadPriorityClasses."""
+
+    def __init__(self, api: k8s.ApiClient):
+        self.api = k8s.CustomObjectsApi(api)
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.api.get_namespaced_custom_object(GROUP, VERSION, namespace, "workloads", name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create, or return the one already there (a restarted operator's)."""
+        try:
+            return self.api.create_namespaced_custom_object(GROUP, VERSION, body["metadata"]["namespace"],
+                                                            "workloads", body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        found = self.get(body["metadata"]["namespace"], body["metadata"]["name"])
+        if found is None:  # deleted between the two calls: once more
+            return self.api.create_namespaced_custom_object(GROUP, VERSION, body["metadata"]["namespace"],
+                                                            "workloads", body)
+        return found
+
+    def of_job(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        return self.api.list_namespaced_custom_object(GROUP, VERSION, namespace, "workloads",
+                                                      label_selector=f"{LABEL_UID}={uid}").get("items", [])
+
+    def finish(self, namespace: str, name: str, reason: str, message: str) -> None:
+        """Condition Finished: Kueue releases the quota (nothing else would: no pods end)."""
+        from .controller.status import now
+
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Workload",
+                "metadata": {"name": name, "namespace": namespace},
+                "status": {"conditions": [{"type": "Finished", "status": "True", "reason": reason,
+                                           "message": message[:1000], "lastTransitionTime": now()}]}}
+        try:  # server-side apply: conditions are a map by type, so only this one is ours
+            self.api.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, "workloads", name, body, field_manager="videojob-operator", force=True,
+                _content_type="application/apply-patch+yaml")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def delete(self, namespace: str, name: str) -> None:
+        try:
+            self.api.delete_namespaced_custom_object(GROUP, VERSION, namespace, "workloads", name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def ensure_priority_class(self, priority: int) -> None:
+        body = priority_class_for(priority)
+        try:
+            self.api.create_cluster_custom_object(GROUP, VERSION, "workloadpriorityclasses", body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    def flavors(self) -> dict[str, dict[str, str]]:
+        """Every ResourceFlavor's node labels (an admitted flavor's class)."""
+        items = self.api.list_cluster_custom_object(GROUP, VERSION, "resourceflavors").get("items", [])
+        return {i["metadata"]["name"]: dict((i.get("spec") or {}).get("nodeLabels") or {}) for i in items}
+
+
+__all__ = ["GPU_RESOURCE", "KueueApi", "WorkloadState", "class_of_flavor", "priority_class_for",
+           "priority_class_name", "read_workload", "workload_for", "workload_name"]

@@ -1,0 +1,217 @@
+"""kueue admission mode through the real operator, real Kueue and a real Ray head.
+
+Two teams (namespaces), each with a LocalQueue on its own ClusterQueue, both
+ClusterQueues in one cohort with a nominal quota of one CPU rank each on one
+flavor (the operator's GPU class, CPU ranks here). The operator's Controller
+runs in this process (tests/operator_inprocess.py) with ``admission=kueue``:
+each attempt is a Workload that real Kueue admits, borrows for, preempts and
+reclaims. Afterwards the books are compared with what Kueue and the API
+server hold: every Workload Finished, one per attempt, none left running.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+
+from helpers import require_module, wait_for
+
+require_module("ray")
+require_module("xfuser")
+
+from kueue_helpers import KueueSetup  # noqa: E402
+from operator_harness import create, videojob  # noqa: E402
+from operator_inprocess import InProcess, one_rank, with_fault  # noqa: E402
+from test_operator import crd, ray_client, ray_head, roots  # noqa: E402,F401 - shared fixtures
+
+pytestmark = pytest.mark.cluster
+STEPS = 8
+RANK = {"cpu": "500m", "memory": "64Gi"}  # one CPU rank's Workload: 0.5 CPU, half a 2-rank pod's 16Gi (8Gi) fits
+
+
+class Teams(InProcess):
+    """The in-process operator over several namespaces (lifecycles keyed ns/name)."""
+
+    def create_in(self, namespace: str, doc: dict) -> dict:
+        obj = create(self.cluster, namespace, doc)
+        self.run_in(namespace, obj["metadata"]["name"])
+        return obj
+
+    def run_in(self, namespace: str, name: str) -> None:
+        obj = videojob(self.cluster, namespace, name)
+        lifecycle = self.controller.lifecycle(namespace, name, obj["metadata"]["uid"])
+        stopped = threading.Event()
+        thread = threading.Thread(target=lifecycle.run, args=(stopped,), name=f"lifecycle-{name}", daemon=True)
+        thread.start()
+        self.threads[f"{namespace}/{name}"] = (thread, stopped)
+
+    def wait_in(self, namespace: str, name: str, timeout: float = 600) -> dict:
+        thread, _ = self.threads[f"{namespace}/{name}"]
+        thread.join(timeout)
+        if thread.is_alive():
+            raise AssertionError(f"{namespace}/{name} did not end within {timeout:.0f}s: "
+                                 f"{json.dumps(videojob(self.cluster, namespace, name).get('status'))[-3000:]}")
+        return videojob(self.cluster, namespace, name)
+
+
+@pytest.fixture
+def second_namespace(kube_cluster):
+    from conftest import _new_namespace
+
+    name = _new_namespace(kube_cluster)
+    yield name
+    kube_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def setup(kueue, crd):  # noqa: F811
+    with KueueSetup(crd) as made:
+        yield made
+
+
+def _operator(crd, namespaces, tmp_path, ray_head, flavor, **settings) -> Teams:  # noqa: F811
+    return Teams(crd, namespaces[0], tmp_path, ray_head, [{"name": flavor, "gpusPerPod": 2, "maxPods": 2}],
+                 namespaces=list(namespaces), admission="kueue", kueue_poll_interval_s=0.5, **settings)
+
+
+def _workloads(cluster, namespace: str) -> list[dict[str, Any]]:
+    return cluster.get_json("workloads.kueue.x-k8s.io", "-n", namespace)["items"]
+
+
+def _conditions(wl: dict) -> dict[str, dict]:
+    return {c["type"]: c for c in (wl.get("status") or {}).get("conditions") or []}
+
+
+def _phase(cluster, namespace, name) -> str:
+    return (videojob(cluster, namespace, name).get("status") or {}).get("phase", "")
+
+
+def _step(cluster, namespace, name) -> int:
+    return int(((videojob(cluster, namespace, name).get("status") or {}).get("progress") or {}).get("step") or 0)
+
+
+def _slow(name: str, **changes) -> dict:
+    """A job whose first attempt stalls 1.5 s after every step (steps the test can count)."""
+    return with_fault(one_rank(name, steps=STEPS, seed=5, checkpoint={"everySteps": 0}, **changes), [1],
+                      stage="denoise", kind="stall", seconds=1.5)
+
+
+def _books_match(op: Teams, cluster, jobs: dict[str, list[str]]) -> None:
+    """Afterwards: the operator's books hold nothing; every Workload is Finished; each
+    job has exactly one Workload per attempt, named in that attempt."""
+    snapshot = op.controller.admissions.snapshot()
+    assert snapshot["running"] == 0 and snapshot["queued"] == 0, snapshot
+    for namespace, names in jobs.items():
+        workloads = {w["metadata"]["name"]: w for w in _workloads(cluster, namespace)}
+        for wl in workloads.values():
+            assert _conditions(wl).get("Finished", {}).get("status") == "True", wl["metadata"]["name"]
+        for name in names:
+            status = videojob(cluster, namespace, name)["status"]
+            uid = videojob(cluster, namespace, name)["metadata"]["uid"]
+            mine = sorted(n for n, w in workloads.items() if w["metadata"]["labels"]["videojob.io/uid"] == uid)
+            named = sorted(a["workload"] for a in status["attempts"])
+            assert mine == named, (name, mine, named)
+
+
+def test_two_teams_borrow_reclaim_and_every_job_finishes(setup, crd, namespace, second_namespace, tmp_path,
+                                                         ray_head):  # noqa: F811
+    team_a, team_b = namespace, second_namespace
+    flavor = setup.resource_flavor("vj-cpu")
+    cohort = setup.unique("vj-fleet")
+    queue_a = setup.cluster_queue("team-a", {flavor: RANK}, cohort=cohort)
+    queue_b = setup.cluster_queue("team-b", {flavor: RANK}, cohort=cohort)
+    setup.local_queue(team_a, "default", queue_a)
+    setup.local_queue(team_b, "gpus", queue_b)
+    op = _operator(crd, (team_a, team_b), tmp_path, ray_head, flavor).start()
+    try:
+        # Team A saturates its quota (one rank) and borrows team B's unused one.
+        op.create_in(team_a, _slow("a1"))
+        op.create_in(team_a, _slow("a2"))
+        wait_for("both of team A's jobs to run (one on borrowed quota)",
+                 lambda: _step(crd, team_a, "a1") >= 1 and _step(crd, team_a, "a2") >= 1, timeout=300)
+        usage = crd.get_json(f"clusterqueues.kueue.x-k8s.io/{queue_a}")["status"]
+        borrowed = [r for f in usage.get("flavorsReservation") or [] for r in f["resources"]
+                    if r["name"] == "cpu" and r.get("borrowed") not in (None, "0")]
+        assert borrowed, f"team A runs two ranks on a one-rank quota, so it borrows: {usage}"
+        # Team B's job is admitted within B's own quota: Kueue reclaims it from A.
+        b1 = one_rank("b1", steps=2)
+        b1["spec"]["queueName"] = "gpus"  # team B's LocalQueue is not the default's name
+        op.create_in(team_b, b1)
+        b1 = op.wait_in(team_b, "b1")["status"]
+        assert b1["phase"] == "Succeeded", json.dumps(b1)[-2000:]
+        a = {n: op.wait_in(team_a, n)["status"] for n in ("a1", "a2")}
+        assert all(s["phase"] == "Succeeded" for s in a.values()), json.dumps(a)[-3000:]
+        reclaimed = [(n, s) for n, s in a.items() if s["attempts"][0]["result"] == "Preempted"]
+        assert len(reclaimed) == 1, f"exactly one of team A's jobs gives B's quota back: {json.dumps(a)[-3000:]}"
+        name, status = reclaimed[0]
+        first, second = status["attempts"]
+        assert "Kueue" in first["message"] and first["reason"], first
+        assert second["result"] == "Succeeded" and second["resumedFromStep"] == first["stepsComputed"], second
+        queued = [p for _, p, _ in op.patches_of(name) if p.get("phase") == "Queued"]
+        assert any("KueueEvicted" in json.dumps(p) for p in queued), "the preempted job showed Queued, by Kueue"
+        _books_match(op, crd, {team_a: ["a1", "a2"], team_b: ["b1"]})
+    finally:
+        op.stop()
+
+
+def test_priority_preempts_an_oversized_job_says_so_deletion_and_restart_lose_nothing(
+        setup, crd, namespace, tmp_path, ray_head):  # noqa: F811
+    flavor = setup.resource_flavor("vj-cpu")
+    setup.local_queue(namespace, "default", setup.cluster_queue("solo", {flavor: RANK}))
+    setup.local_queue(namespace, "tiny", setup.cluster_queue("tiny", {flavor: {"cpu": "100m", "memory": "64Gi"}}))
+    op = _operator(crd, (namespace,), tmp_path, ray_head, flavor).start()
+    try:
+        # A job larger than any quota says so and never runs.
+        big = one_rank("big", steps=2)
+        big["spec"]["queueName"] = "tiny"
+        op.create_in(namespace, big)
+        said = wait_for("`big` to show why Kueue does not admit it", lambda: (s := videojob(crd, namespace, "big").get(
+            "status") or {}).get("phase") == "Queued" and "maximum capacity" in s.get("message", "") and s,
+            timeout=120)
+        assert said["message"].startswith("waiting for Kueue (LocalQueue tiny"), said["message"]
+        admitted = {c["type"]: c for c in said["conditions"]}["Admitted"]
+        assert admitted["status"] == "False" and admitted["reason"] == "KueuePending", admitted
+        # A low job runs; a high one preempts it (withinClusterQueue: LowerPriority).
+        op.create_in(namespace, _slow("low"))
+        wait_for("`low` to pass step 1", lambda: _step(crd, namespace, "low") >= 1, timeout=300)
+        high = one_rank("high", steps=2)
+        high["spec"]["resources"]["priority"] = 50
+        op.create_in(namespace, high)
+        assert op.wait_in(namespace, "high")["status"]["phase"] == "Succeeded"
+        low = op.wait_in(namespace, "low")["status"]
+        assert low["phase"] == "Succeeded", json.dumps(low)[-3000:]
+        assert [a["result"] for a in low["attempts"]] == ["Preempted", "Succeeded"], low["attempts"]
+        assert low["attempts"][0]["reason"] in ("Preempted", "InClusterQueue"), low["attempts"][0]
+        wpc = crd.get_json("workloadpriorityclasses.kueue.x-k8s.io/videojob-priority-50")
+        assert wpc["value"] == 50
+        # The oversized job never ran; deleting it deletes its Workload.
+        assert not (videojob(crd, namespace, "big").get("status") or {}).get("attempts")
+        obj = videojob(crd, namespace, "big")
+        crd.kubectl("delete", "vj", "big", "-n", namespace)
+        op.controller.delete(namespace, "big", obj["metadata"]["uid"], obj.get("status") or {})
+        wait_for("big's Workload to be gone", lambda: not [
+            w for w in _workloads(crd, namespace) if w["metadata"]["labels"]["videojob.io/uid"] == obj["metadata"]["uid"]
+        ], timeout=60)
+
+        # A restart while one Workload is admitted (its job running) and one pending.
+        op.create_in(namespace, _slow("r1"))
+        wait_for("`r1` to pass step 1", lambda: _step(crd, namespace, "r1") >= 1, timeout=300)
+        op.create_in(namespace, one_rank("r2", steps=2))
+        wait_for("`r2` to wait for Kueue", lambda: "Kueue" in (videojob(crd, namespace, "r2").get("status") or {})
+                 .get("message", ""), timeout=60)
+    finally:
+        op.stop()
+    again = _operator(crd, (namespace,), tmp_path, ray_head, flavor).start()
+    try:
+        for name in ("r1", "r2"):
+            again.run_in(namespace, name)
+        for name in ("r1", "r2"):
+            status = again.wait_in(namespace, name)["status"]
+            assert status["phase"] == "Succeeded", json.dumps(status)[-2000:]
+            assert [a["result"] for a in status["attempts"]] == ["Succeeded"], status["attempts"]
+        _books_match(again, crd, {namespace: ["low", "high", "r1", "r2"]})
+    finally:
+        again.stop()
