@@ -66,7 +66,8 @@ def test_kueue_rbac_adds_only_what_kueue_mode_calls(chart):
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"][0]["namespace"] == NAMESPACE
     verbs = {(r, v) for rule in KUEUE_RULES + KUEUE_CLUSTER_RULES for r in rule["resources"] for v in rule["verbs"]}
-    assert verbs == {("workloads", "get"), ("workloads", "list"), ("workloads", "create"), ("workloads", "delete"),
+    assert verbs == {("workloads", "get"), ("workloads", "list"), ("workloads", "watch"), ("workloads", "create"),
+                     ("workloads", "delete"),
                      ("workloads/status", "patch"), ("workloadpriorityclasses", "create"),
                      ("resourceflavors", "list")}
 

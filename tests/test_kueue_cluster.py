@@ -75,10 +75,16 @@ def test_webhook_refuses_an_invalid_workload(kq, namespace):
     assert "reserved for internal kueue use" in err.value.stderr
 
 
-def test_preemption_and_release_by_the_owner(kq, namespace):
+def test_preemption_and_release_by_the_owner(kq, kube_cluster, namespace):
     """A higher WorkloadPriorityClass preempts: Kueue marks the lower Workload
     Evicted/Preempted but keeps its quota until the owner releases it; the lower
-    one is admitted again once the higher one is Finished."""
+    one is admitted again once the higher one is Finished. The owner's two answers
+    are the operator's own (videojob.kueue.KueueApi requeue and finish)."""
+    from kubernetes import config as k8s_config
+
+    from videojob.kueue import KueueApi
+
+    owner = KueueApi(k8s_config.new_client_from_config(config_file=str(kube_cluster.kubeconfig)), watch=False)
     _queue(kq, namespace, gpus=2)
     low = kq.priority_class("low", 10)
     high = kq.priority_class("high", 1000)
@@ -92,12 +98,13 @@ def test_preemption_and_release_by_the_owner(kq, namespace):
     assert kq.conditions(namespace, "low")["QuotaReserved"]["status"] == "True"
     assert kq.conditions(namespace, "high")["QuotaReserved"]["status"] == "False"
 
-    kq.release_quota(namespace, "low")
+    owner.requeue(namespace, "low")
     kq.wait_condition(namespace, "high", "Admitted")
     assert kq.conditions(namespace, "low")["QuotaReserved"]["status"] == "False"
     assert "admission" not in kq.get_workload(namespace, "low")["status"]
 
-    kq.finish(namespace, "high")
+    owner.finish(namespace, "high", "VideoJobAttemptEnded", "done")
+    assert kq.conditions(namespace, "high")["Admitted"]["status"] == "True"  # only Finished was added
     kq.wait_condition(namespace, "low", "Admitted")
     conds = kq.conditions(namespace, "low")
     assert (conds["Evicted"]["status"], conds["Evicted"]["reason"]) == ("False", "QuotaReserved")

@@ -215,3 +215,28 @@ def test_priority_preempts_an_oversized_job_says_so_deletion_and_restart_lose_no
         _books_match(again, crd, {namespace: ["low", "high", "r1", "r2"]})
     finally:
         again.stop()
+
+
+def test_admitted_on_another_class_flavor_the_job_is_replanned_for_it(setup, crd, namespace, tmp_path,
+                                                                     ray_head):  # noqa: F811
+    """The planner prefers the cheaper class; the ClusterQueue has no quota there, so
+    Kueue admits the Workload on the other class's flavor: the job runs that class's plan."""
+    cheap, other = setup.resource_flavor("vj-cheap"), setup.resource_flavor("vj-other")
+    queue = setup.cluster_queue("spill", {cheap: {"cpu": "0", "memory": "64Gi"}, other: RANK})
+    setup.local_queue(namespace, "default", queue)
+    op = Teams(crd, namespace, tmp_path, ray_head,
+               [{"name": cheap, "gpusPerPod": 2, "maxPods": 2, "cost": 1.0},
+                {"name": other, "gpusPerPod": 2, "maxPods": 2, "cost": 3.0}],
+               admission="kueue", kueue_poll_interval_s=0.5).start()
+    try:
+        op.create_in(namespace, one_rank("spilled", steps=2))
+        status = op.wait_in(namespace, "spilled")["status"]
+        assert status["phase"] == "Succeeded", json.dumps(status)[-2000:]
+        (attempt,) = status["attempts"]
+        assert attempt["plan"]["gpuClass"] == other and status["plan"]["gpuClass"] == other, attempt
+        assert attempt["workload"].endswith(cheap), attempt  # asked for the planned class, admitted on the other
+        planned = {c["type"]: c for c in status["conditions"]}["Planned"]
+        assert f"flavor {other}" in planned["message"] and f"not the planned {cheap}" in planned["message"], planned
+        _books_match(op, crd, {namespace: ["spilled"]})
+    finally:
+        op.stop()

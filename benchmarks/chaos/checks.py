@@ -18,7 +18,8 @@ GAUGE = re.compile(r'^(videojob_gpus_(?:allocated|idle|free))\{gpu_class="([^"]+
 
 
 def outcomes(jobs: dict, names: list[str], deleted: dict, outputs: Path) -> tuple[dict, list[str]]:
-    """Every job not deleted Succeeded, with its mp4 and result JSON (lost otherwise)."""
+    """Every job not deleted Succeeded, with its mp4 and result JSON (lost otherwise);
+    ``outputs``: the output root's directory of the soak's namespace."""
     by_name = {j["name"]: j for j in jobs.values()}
     deleted_names = {d["name"] for d in deleted.values()}
     problems, lost = [], []

@@ -162,7 +162,8 @@ def _soak(rng, docs, creates, faults_planned, minutes, cluster, namespace, head,
         time.sleep(3)  # one more sample of each kind after the last change
         submissions, jobs = observer.snapshot()
         figures = {}
-        for part in (checks.outcomes(jobs, names, faults.deleted, outputs),
+        # The runtime writes a job's local:// output inside its namespace's directory.
+        for part in (checks.outcomes(jobs, names, faults.deleted, outputs / namespace),
                      checks.drivers(submissions, jobs, faults.deleted),
                      checks.books_match(operator, ray, timeout=120)):
             figures.update(part[0])

@@ -12,7 +12,9 @@ and telling Kueue the work is done (condition ``Finished``), are ours.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +27,7 @@ GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 GPU_RESOURCE = "nvidia.com/gpu"
 LABEL_UID, LABEL_ATTEMPT, LABEL_CLASS = "videojob.io/uid", "videojob.io/attempt", "videojob.io/gpu-class"
 POD_SET = "ranks"
+log = logging.getLogger("videojob.kueue")
 
 
 def workload_name(name: str, uid: str, attempt: int, klass: str) -> str:
@@ -142,13 +145,95 @@ def class_of_flavor(flavor: str | None, flavors: dict[str, dict[str, str]], inve
     return None
 
 
+class WorkloadCache:
+    """The operator's Workloads as one watch per namespace keeps them (or one for the
+    cluster): every waiting or running job looks at its Workload every poll interval,
+    and a thousand jobs must not mean a thousand GETs a second."""
+
+    def __init__(self, api: k8s.CustomObjectsApi, namespaces: list[str]):
+        self.api, self.namespaces = api, list(namespaces) or [""]
+        self._items: dict[tuple[str, str], dict[str, Any]] = {}
+        self._synced: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def start(self) -> "WorkloadCache":
+        for namespace in self.namespaces:
+            threading.Thread(target=self._run, args=(namespace,), name=f"kueue-watch-{namespace or 'all'}",
+                             daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def get(self, namespace: str, name: str) -> tuple[bool, dict[str, Any] | None]:
+        """(known, the Workload): known is False until the watch of its namespace has
+        listed, and for a Workload it has not seen (just created): ask the API server."""
+        with self._lock:
+            item = self._items.get((namespace, name))
+            return (item is not None, item)
+
+    def _run(self, namespace: str) -> None:
+        from kubernetes import watch
+
+        selector = "app.kubernetes.io/managed-by=videojob-operator"
+        while not self._stop.is_set():
+            try:
+                if namespace:
+                    listed = self.api.list_namespaced_custom_object(GROUP, VERSION, namespace, "workloads",
+                                                                    label_selector=selector)
+                else:
+                    listed = self.api.list_cluster_custom_object(GROUP, VERSION, "workloads", label_selector=selector)
+                with self._lock:
+                    for key in [k for k in self._items if not namespace or k[0] == namespace]:
+                        del self._items[key]
+                    for item in listed.get("items", []):
+                        self._items[(item["metadata"]["namespace"], item["metadata"]["name"])] = item
+                    self._synced.add(namespace)
+                version = listed["metadata"]["resourceVersion"]
+                kwargs = dict(label_selector=selector, resource_version=version, timeout_seconds=300,
+                              allow_watch_bookmarks=True)
+                args = (GROUP, VERSION, namespace, "workloads") if namespace else (GROUP, VERSION, "workloads")
+                call = (self.api.list_namespaced_custom_object if namespace
+                        else self.api.list_cluster_custom_object)
+                for event in watch.Watch().stream(call, *args, **kwargs):
+                    if self._stop.is_set():
+                        return
+                    obj, kind = event["object"], event["type"]
+                    if kind == "ERROR":  # 410 Gone (too old a resourceVersion): list again
+                        break
+                    if kind == "BOOKMARK":
+                        continue
+                    key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+                    with self._lock:
+                        if kind == "DELETED":
+                            self._items.pop(key, None)
+                        else:
+                            self._items[key] = obj
+            except Exception:  # noqa: BLE001 - the API server away: list again shortly; jobs ask it meanwhile
+                log.warning("the watch of Workloads in %s stopped; listing again", namespace or "every namespace",
+                            exc_info=True)
+                with self._lock:
+                    self._synced.discard(namespace)
+                self._stop.wait(1.0)
+
+
 class KueueApi:
     """The few calls kueue mode makes: Workloads in the job's namespace, WorkloadPriorityClasses."""
 
-    def __init__(self, api: k8s.ApiClient):
+    def __init__(self, api: k8s.ApiClient, namespaces: list[str] | None = None, watch: bool = True):
         self.api = k8s.CustomObjectsApi(api)
+        self.cache = WorkloadCache(self.api, namespaces or []).start() if watch else None
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Workload, from the watch's cache where it has it (else asked)."""
+        if self.cache is not None:
+            known, item = self.cache.get(namespace, name)
+            if known:
+                return item
+        return self.fetch(namespace, name)
+
+    def fetch(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return self.api.get_namespaced_custom_object(GROUP, VERSION, namespace, "workloads", name)
         except ApiException as exc:
@@ -164,7 +249,7 @@ class KueueApi:
         except ApiException as exc:
             if exc.status != 409:
                 raise
-        found = self.get(body["metadata"]["namespace"], body["metadata"]["name"])
+        found = self.fetch(body["metadata"]["namespace"], body["metadata"]["name"])
         if found is None:  # deleted between the two calls: once more
             return self.api.create_namespaced_custom_object(GROUP, VERSION, body["metadata"]["namespace"],
                                                             "workloads", body)
@@ -190,6 +275,35 @@ class KueueApi:
             if exc.status != 404:
                 raise
 
+    def requeue(self, namespace: str, name: str) -> None:
+        """The owner's answer to an eviction of a Workload whose attempt never started
+        (what Kueue's job integrations do once their pods are gone): admission cleared,
+        QuotaReserved and Admitted False, Requeued with the eviction's reason; Kueue
+        frees the quota and queues the same Workload again. A merge patch of the whole
+        condition list, guarded by the resourceVersion it was computed from."""
+        from .controller.status import now
+
+        wl = self.fetch(namespace, name)
+        if wl is None:
+            return
+        conds = {c["type"]: c for c in (wl.get("status") or {}).get("conditions") or []}
+        evicted = conds.get("Evicted") or conds.get("Preempted") or {}
+        stamp, message = now(), str(evicted.get("message") or "evicted")[:1000]
+        conds["QuotaReserved"] = {"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                                  "message": message, "lastTransitionTime": stamp}
+        conds["Admitted"] = {"type": "Admitted", "status": "False", "reason": "NoReservation",
+                             "message": "The workload has no reservation", "lastTransitionTime": stamp}
+        conds["Requeued"] = {"type": "Requeued", "status": "True", "reason": str(evicted.get("reason") or "Evicted"),
+                             "message": message, "lastTransitionTime": stamp}
+        body = {"metadata": {"resourceVersion": wl["metadata"]["resourceVersion"]},
+                "status": {"admission": None, "conditions": list(conds.values())}}
+        try:
+            self.api.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, "workloads", name, body,
+                                                           _content_type="application/merge-patch+json")
+        except ApiException as exc:
+            if exc.status not in (404, 409):  # gone, or changed meanwhile: looked at again next poll
+                raise
+
     def delete(self, namespace: str, name: str) -> None:
         try:
             self.api.delete_namespaced_custom_object(GROUP, VERSION, namespace, "workloads", name)
@@ -211,5 +325,5 @@ class KueueApi:
         return {i["metadata"]["name"]: dict((i.get("spec") or {}).get("nodeLabels") or {}) for i in items}
 
 
-__all__ = ["GPU_RESOURCE", "KueueApi", "WorkloadState", "class_of_flavor", "priority_class_for",
+__all__ = ["GPU_RESOURCE", "KueueApi", "WorkloadCache", "WorkloadState", "class_of_flavor", "priority_class_for",
            "priority_class_name", "read_workload", "workload_for", "workload_name"]

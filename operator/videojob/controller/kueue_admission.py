@@ -47,6 +47,12 @@ class KueueQueueing:
             while not state.admitted or state.evicted is not None:
                 if state.finished:  # finished by someone else before it ran: ask again with a new one
                     raise RuntimeError(f"Workload {self.namespace}/{name} was finished before it ran")
+                if state.admitted and state.evicted is not None:
+                    # Admitted, then evicted before this attempt started: nothing to stop;
+                    # give the quota back so Kueue can queue the Workload again.
+                    log.info("%s: Workload %s evicted before its attempt started (%s); requeued", self.key,
+                             name, state.evicted[0])
+                    self._kueue_call(stopped, lambda: kueue.requeue(self.namespace, name), f"Workload {name}")
                 message = f"waiting for Kueue (LocalQueue {queue}, Workload {name}): {state.waiting}"
                 if message != shown:
                     changes, event = self._with_plan(

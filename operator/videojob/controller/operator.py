@@ -75,7 +75,8 @@ class Controller:
         if self.settings.admission == "kueue":
             from ..kueue import KueueApi
 
-            kueue = KueueApi(getattr(getattr(jobs, "api", None), "api_client", None) or api_client())
+            kueue = KueueApi(getattr(getattr(jobs, "api", None), "api_client", None) or api_client(),
+                             self.settings.namespaces)
         self.ctx = Context(jobs=jobs, ray=ray, admissions=self.admissions, inventory=self.inventory,
                            settings=self.settings, metrics=self.metrics, event=self._event or _no_event, kueue=kueue)
         self.rebuild()
@@ -202,6 +203,8 @@ class Controller:
     def stop(self) -> None:
         self.alive.clear()
         self.health.stop()
+        if self.ctx is not None and self.ctx.kueue is not None and self.ctx.kueue.cache is not None:
+            self.ctx.kueue.cache.stop()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
         if self.embedded is not None:
