@@ -167,3 +167,17 @@ def test_the_checkpoint_and_preemption_figures_are_the_benchmarks_own():
                                                          wait["preempt-restart"]]
     assert float(fleet.group(7)) == round(cmp["ratios"]["gpuSecondsLost preempt-restart / preempt-checkpoint"], 2)
     assert len(set(cmp["videosPerHour"].values())) == 1 and float(fleet.group(8)) == cmp["videosPerHour"]["no-preemption"]
+
+
+def test_the_kueue_load_figures_are_the_benchmarks_own():
+    """docs/performance.md quotes benchmarks/results/kueue_load.json (make bench)."""
+    import json
+
+    doc = json.loads((REPO / "benchmarks" / "results" / "kueue_load.json").read_text())
+    text = " ".join((REPO / "docs" / "performance.md").read_text().split())
+    assert f"{doc['jobs']} jobs from four teams" in text and f"All {doc['succeeded']} succeeded" in text
+    assert f"{doc['jobsPerSecondAdmitted']} jobs/s admitted" in text
+    assert f"operator peak RSS {doc['operatorPeakRssMiB']} MiB" in text
+    assert f"left {doc['workloadsLeftAfterDeletion']} Workloads" in text
+    for team, share in doc["shares"]["teams"].items():
+        assert f"{team} {share['admittedGPUShare']} / {share['nominalQuotaShare']}" in text, team

@@ -75,8 +75,9 @@ def _cleanup(cluster, namespace: str, ray_client, names: list[str]) -> None:
              lambda: not any(u in g for g in _groups(ray_client) for u in uids), timeout=60)
 
 
-# 10 jobs in `make test`; the 20-job run in `make test-slow` (CI time).
-@pytest.mark.parametrize("count", [10, pytest.param(20, marks=pytest.mark.slow)])
+# 7 jobs in `make test` (capacity 3: four still queue when the urgent one comes); the 20-job run in
+# `make test-slow` (CI time).
+@pytest.mark.parametrize("count", [7, pytest.param(20, marks=pytest.mark.slow)])
 def test_jobs_never_exceed_capacity_and_priority_goes_first(crd, namespace, ray_head, ray_client,  # noqa: F811
                                                             roots, tmp_path, count):
     """``count`` tiny one-rank jobs, capacity 3 (three 1-rank pods): all finish; the
