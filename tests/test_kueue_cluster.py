@@ -109,3 +109,6 @@ def test_preemption_and_release_by_the_owner(kq, kube_cluster, namespace):
     conds = kq.conditions(namespace, "low")
     assert (conds["Evicted"]["status"], conds["Evicted"]["reason"]) == ("False", "QuotaReserved")
     assert conds["Requeued"]["status"] == "True"
+    owner.requeue(namespace, "low")  # a stale look at the eviction must not undo the new admission
+    assert kq.conditions(namespace, "low")["Admitted"]["status"] == "True"
+    assert "admission" in kq.get_workload(namespace, "low")["status"]

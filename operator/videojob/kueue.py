@@ -286,6 +286,9 @@ class KueueApi:
         wl = self.fetch(namespace, name)
         if wl is None:
             return
+        state = read_workload(wl)
+        if not (state.admitted and state.evicted is not None):  # a stale look: Kueue moved on already
+            return
         conds = {c["type"]: c for c in (wl.get("status") or {}).get("conditions") or []}
         evicted = conds.get("Evicted") or conds.get("Preempted") or {}
         stamp, message = now(), str(evicted.get("message") or "evicted")[:1000]

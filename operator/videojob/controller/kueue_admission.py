@@ -45,8 +45,12 @@ class KueueQueueing:
             wl = self._kueue_call(stopped, lambda: kueue.create(body), f"Workload {name}")
             state = read_workload(wl)
             while not state.admitted or state.evicted is not None:
-                if state.finished:  # finished by someone else before it ran: ask again with a new one
-                    raise RuntimeError(f"Workload {self.namespace}/{name} was finished before it ran")
+                if state.finished:  # finished before it ran (by hand): it goes, and one is made again
+                    log.warning("%s: Workload %s was finished before its attempt ran; replacing it", self.key, name)
+                    self._kueue_call(stopped, lambda: kueue.delete(self.namespace, name), f"Workload {name}")
+                    self._wait(stopped, settings.kueue_poll_interval_s)
+                    wl = None
+                    break
                 if state.admitted and state.evicted is not None:
                     # Admitted, then evicted before this attempt started: nothing to stop;
                     # give the quota back so Kueue can queue the Workload again.
@@ -77,8 +81,8 @@ class KueueQueueing:
                 log.info("%s: %s", self.key, why)
                 self._unwritten_plan = (other, why)
                 if int(other["gpus"]) > int(plan["gpus"]):  # more than Kueue reserved: ask for that much
-                    self._kueue_call(stopped, lambda: kueue.finish(self.namespace, name, "Replanned", why),
-                                     f"Workload {name}")
+                    # Deleted, not finished: a restart before the new one exists makes this one again.
+                    self._kueue_call(stopped, lambda: kueue.delete(self.namespace, name), f"Workload {name}")
                     plan = other
                     continue
                 plan = other
