@@ -8,6 +8,7 @@ the chart renders from its values.
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from chart_support import CHART, NAMESPACE, of_kind, one, operator_container
@@ -83,3 +84,18 @@ def test_shared_model_roots_reach_the_runtime(chart):
     assert _env(docs)["VIDEOJOB_SHARED_MODEL_ROOTS"] == "pvc://models/shared,local://weights"
     bad = chart.template(None, {"runtime": {"sharedModelRoots": ["s3://bucket"]}})
     assert bad.returncode != 0 and "sharedModelRoots" in bad.stderr
+
+
+@pytest.mark.cluster
+def test_the_rendered_kueue_objects_are_accepted_by_real_kueue(chart, kueue, kube_cluster, namespace):  # noqa: F811
+    """Not only rendered: Kueue's CRDs and webhooks (the `kueue` fixture) accept the chart's
+    ResourceFlavors, ClusterQueue and LocalQueue (server-side dry run: other tests share the cluster)."""
+    import json
+
+    values = {**KUEUE, "kueue": {"clusterQueue": {"name": "fleet-gpus", "cohort": "fleet"}, "localQueue": "gpus"},
+              "watch": {"namespaces": [namespace]}}
+    docs = [d for d in chart.render(None, values) if d["apiVersion"].startswith("kueue.x-k8s.io/")]
+    assert sorted(d["kind"] for d in docs) == ["ClusterQueue", "LocalQueue", "ResourceFlavor", "ResourceFlavor"]
+    for doc in docs:
+        result = kube_cluster.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
+        assert result.returncode == 0, (doc["kind"], result.stderr)
