@@ -165,3 +165,38 @@ def test_the_spec_is_immutable_after_creation(crd, namespace):
     status = crd.kubectl("patch", "vj", "tiny-cpu", "-n", namespace, "--subresource=status", "--type=merge",
                          "-p", json.dumps({"status": {"phase": "Queued"}}), check=False)
     assert status.returncode == 0, status.stderr
+
+
+def test_the_operator_lists_videojobs_in_pages_and_survives_an_expired_continue_token(crd, namespace):
+    """The sweep and the rebuild read VideoJobs in pages (never one unbounded list); a
+    continue token that expired (410, after a compaction) makes it list again from the start."""
+    from kubernetes.client.rest import ApiException
+
+    from videojob.controller.kube import VideoJobs
+
+    doc = load(REPO / "examples" / "tiny-cpu.yaml")
+    for i in range(7):
+        doc["metadata"] = {"name": f"paged-{i}"}
+        crd.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(doc))
+    api = k8s_config.new_client_from_config(config_file=str(crd.kubeconfig))
+    jobs = VideoJobs(api)
+    calls: list[dict] = []
+    real = jobs.api.list_namespaced_custom_object
+    expire_once = {"armed": False}
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs)
+        if expire_once["armed"] and kwargs.get("_continue"):
+            expire_once["armed"] = False
+            raise ApiException(status=410, reason="Expired")
+        return real(*args, **kwargs)
+
+    jobs.api.list_namespaced_custom_object = counting
+    names = sorted(o["metadata"]["name"] for o in jobs.list([namespace], page_size=2))
+    assert names == [f"paged-{i}" for i in range(7)]
+    assert len(calls) == 4 and all(c["limit"] == 2 for c in calls)  # 2+2+2+1, each page asked for
+    calls.clear()
+    expire_once["armed"] = True
+    assert sorted(o["metadata"]["name"] for o in jobs.list([namespace], page_size=3)) == names
+    assert [bool(c.get("_continue")) for c in calls] == [False, True, False, True, True]  # listed again
+    api.close()

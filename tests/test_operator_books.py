@@ -11,7 +11,10 @@ and started again at a chosen point. What is checked:
   books without counting the group twice, and admits the higher priority first;
 - a job spills to another class when its own is busy, and warm groups expire
   after their TTL inside the running operator;
-- the sweeper removes a group nobody owns and leaves the operator's own.
+- the sweeper removes a group nobody owns and leaves the operator's own;
+- the sweeper deletes finished jobs past their ttlSecondsAfterFinished (the job's
+  own or the operator's default) and no other, and never a job made again under
+  the same name.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from helpers import require_module, wait_for
 require_module("ray")
 require_module("xfuser")
 
-from operator_harness import videojob  # noqa: E402
+from operator_harness import create, videojob  # noqa: E402
 from operator_inprocess import InProcess, one_rank, operator_factory, with_fault  # noqa: E402
 from test_operator import SLOW_VIDEO, crd, ray_client, ray_head, roots  # noqa: E402,F401 - shared fixtures
 
@@ -225,9 +228,46 @@ def test_the_sweeper_leaves_the_operators_groups_and_removes_an_orphan(operators
     owned = {idle["actorGroup"]["name"], busy["attempts"][-1]["group"]}
     assert len(owned) == 2 and owned <= _groups(ray_client), (owned, _groups(ray_client))
     swept = op.controller.sweep()
-    assert swept == {"expired": [], "ownerless": [orphan]}, swept
+    assert swept == {"expired": [], "ownerless": [orphan], "jobsExpired": []}, swept
     wait_for(f"the sweeper's teardown of {orphan}", lambda: orphan not in _groups(ray_client), timeout=90)
     assert owned <= _groups(ray_client), f"an operator's group was torn down: {owned - _groups(ray_client)}"
     books = op.controller.admissions.snapshot()["classes"]["cpu1"]
     assert (books["allocated"], books["idle"]) == (2, 1), books
     assert op.wait("busy", timeout=400)["status"]["phase"] == "Succeeded"
+
+
+def _finish(crd, namespace: str, name: str, phase: str, ended_ago_s: float, **spec) -> dict:  # noqa: F811
+    """A VideoJob made and marked finished ``ended_ago_s`` ago (as the operator writes it)."""
+    from datetime import datetime, timedelta, timezone
+
+    doc = one_rank(name)
+    doc["spec"].update(spec)
+    obj = create(crd, namespace, doc)
+    ended = (datetime.now(timezone.utc) - timedelta(seconds=ended_ago_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if phase:
+        crd.kubectl("patch", "vj", name, "-n", namespace, "--subresource=status", "--type=merge", "-p",
+                    json.dumps({"status": {"phase": phase, "completionTime": ended}}))
+    return obj
+
+
+def test_the_sweeper_deletes_finished_jobs_past_their_ttl_and_no_other(operators, crd, namespace):  # noqa: F811
+    from videojob.controller.kube import VideoJobs
+
+    op = operators(ttl_seconds_after_finished=600).start()
+    _finish(crd, namespace, "at-once", "Succeeded", 1, ttlSecondsAfterFinished=0)
+    _finish(crd, namespace, "own-ttl-young", "Failed", 100, ttlSecondsAfterFinished=3600)
+    _finish(crd, namespace, "default-old", "Cancelled", 900)
+    _finish(crd, namespace, "default-young", "Succeeded", 60)
+    _finish(crd, namespace, "unfinished", "Queued", 10_000, ttlSecondsAfterFinished=0)
+    swept = op.controller.sweep()
+    assert swept["jobsExpired"] == [f"{namespace}/default-old", f"{namespace}/at-once"]  # the longest ended first
+    left = set(crd.kubectl("get", "vj", "-n", namespace, "-o", "name").stdout.split())
+    assert left == {f"videojob.videojob.io/{n}" for n in ("own-ttl-young", "default-young", "unfinished")}
+    assert "videojob_jobs_expired_total 2.0" in op.metrics()
+    # A job expired between a listing and the delete, and made again under its name: untouched.
+    stale = _finish(crd, namespace, "remade", "Succeeded", 1, ttlSecondsAfterFinished=0)
+    crd.kubectl("delete", "vj", "remade", "-n", namespace)
+    remade = _finish(crd, namespace, "remade", "", 0)
+    assert op.controller.ctx.jobs.delete(namespace, "remade", stale["metadata"]["uid"]) is False
+    assert videojob(crd, namespace, "remade")["metadata"]["uid"] == remade["metadata"]["uid"]
+    assert isinstance(op.controller.ctx.jobs, VideoJobs) and op.controller.sweep()["jobsExpired"] == []

@@ -46,22 +46,33 @@ class Metrics:
                                        ["stage"], buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 300, 1200, 3600), registry=r)
         self.cache_skip_ratio = Histogram("videojob_cache_skip_ratio", "Share of denoiser work a step cache reused",
                                           buckets=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), registry=r)
+        self.jobs_expired = Counter("videojob_jobs_expired_total",
+                                    "Finished VideoJobs deleted past their ttlSecondsAfterFinished", registry=r)
         self.submissions = Counter("videojob_ray_submissions_total", "Drivers submitted to Ray", registry=r)
         self.ray_errors = Counter("videojob_ray_errors_total", "Calls to Ray that failed after retries", registry=r)
         self._phases: dict[str, str] = {}
+        self._counts: dict[str, int] = {p: 0 for p in PHASES}
+        self._published = False
         self._lock = threading.Lock()
 
     def set_phase(self, key: str, phase: str | None) -> None:
+        """Move one job between phase counts: O(1), not a walk over every known job
+        (at a restart with tens of thousands of jobs that walk made the rebuild quadratic)."""
         with self._lock:
-            if phase is None:
-                self._phases.pop(key, None)
-            else:
+            before = self._phases.pop(key, None) if phase is None else self._phases.get(key)
+            if phase is not None:
                 self._phases[key] = phase
-            counts = {p: 0 for p in PHASES}
-            for value in self._phases.values():
-                counts[value] = counts.get(value, 0) + 1
-        for phase_name, count in counts.items():
-            self.jobs.labels(phase=phase_name).set(count)
+            if before == phase:
+                return
+            for name, delta in ((before, -1), (phase, 1)):
+                if name is not None:
+                    self._counts[name] = self._counts.get(name, 0) + delta
+            changed = {name: self._counts.get(name, 0) for name in (before, phase) if name is not None}
+            if not self._published:  # every phase shows from the first change, zeros included
+                changed = {p: self._counts.get(p, 0) for p in (*PHASES, *self._counts)}
+                self._published = True
+            for phase_name, count in changed.items():
+                self.jobs.labels(phase=phase_name).set(count)
 
     def set_capacity(self, snapshot: dict) -> None:
         """From ``Admissions.snapshot()``: per class allocated/free/idle, queue, warm groups by model."""

@@ -28,8 +28,9 @@ class RunSettings(BaseSettings):
     )
     output_root: str = Field(default="out", description="Where local:// outputs resolve for `videojob run`.")
     max_workers: int = Field(default=2048, ge=8, le=100_000,
-                             description="Threads for the jobs' daemons and handlers: at least the most VideoJobs "
-                                         "that are not finished at once, plus some for deletions.")
+                             description="Most threads lent to jobs at once (planning, submitting, watching a "
+                                         "driver); a queued job holds none, so this bounds jobs running at once, "
+                                         "not jobs in the queue.")
     queue_status_interval_s: float = Field(default=30.0, ge=0,
                                            description="Least seconds between rewrites of a queued job's place "
                                                        "(a long queue moves every time a job starts).")
@@ -142,6 +143,11 @@ class OperatorSettings(BaseSettings):
                                          "before it is torn down; 0: never keep groups after a job.")
     sweep_interval_s: float = Field(default=15.0, gt=0,
                                     description="Seconds between sweeps of idle-group TTLs and ownerless groups.")
+    ttl_seconds_after_finished: int = Field(
+        default=604800, ge=-1, le=10 * 365 * 86400,
+        description="Seconds a finished VideoJob (Succeeded, Failed or Cancelled) is kept before the operator "
+                    "deletes it, for jobs without spec.ttlSecondsAfterFinished (default 7 days; its outputs "
+                    "stay where they were written); -1: kept until someone deletes it.")
     ray_job_retention_s: float = Field(
         default=300.0, ge=0,
         description="Seconds a finished driver whose end the operator did not get to delete (it crashed between "

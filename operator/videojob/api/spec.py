@@ -231,6 +231,11 @@ class VideoJobSpec(WireModel):
         default=None, alias="queueName", min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
         description="kueue admission mode: the LocalQueue (in the job's namespace) its Workloads go to "
                     "(default: the operator's kueueDefaultQueue, `default`). Ignored by the built-in scheduler.")
+    ttl_seconds_after_finished: Optional[int] = Field(
+        default=None, alias="ttlSecondsAfterFinished", ge=0, le=10 * 365 * 86400,
+        description="Seconds after the job finished (Succeeded, Failed or Cancelled) before the operator deletes "
+                    "the VideoJob, as batch Jobs have it; its outputs stay. 0: at once. Default: the operator's "
+                    "ttlSecondsAfterFinished (7 days unless the cluster admin changed it).")
     parallel: Optional[ParallelSpec] = Field(default=None, description="Force the parallel layout (default: the "
                                                                        "planner's choice).")
     memory: Optional[MemorySpec] = Field(default=None, description="Force memory strategies (default: the "

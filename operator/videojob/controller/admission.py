@@ -41,12 +41,15 @@ class Admissions:
         self._dirty, self._last_pass = True, float("-inf")
         self._places: dict[str, int] = {}
         self._preempting: dict[str, Preemption] = {}  # victim -> why, until it is admitted again
+        self._listeners: dict[str, Callable[[], None]] = {}  # parked job -> wake it (admitted)
         self._lock = threading.Lock()
 
     # -- a job's view ----------------------------------------------------------
 
-    def request(self, ask: Ask) -> tuple[Admission | None, int, str]:
-        """(admission, queue position, what it waits for); enqueues on first call."""
+    def request(self, ask: Ask, pass_now: bool = True) -> tuple[Admission | None, int | None, str]:
+        """(admission, queue position, what it waits for); enqueues on first call. Without
+        ``pass_now`` (a parked job) the admission loop's next ``tick`` does the pass, and the
+        position is None until a pass placed the job (no sort of the whole queue per job)."""
         with self._lock:
             granted = self._granted.pop(ask.key, None)
             if granted is not None:
@@ -60,18 +63,24 @@ class Admissions:
             now = self.clock()
             # A pass costs O(queue): run one when the books changed, else at most once a
             # second (reservations move with time), not once per waiting job's poll.
-            if self._dirty or now - self._last_pass >= 1.0:
+            if pass_now and (self._dirty or now - self._last_pass >= 1.0):
                 self._pass(now)
             granted = self._granted.pop(ask.key, None)
             if granted is not None:
                 return granted, 0, ""
-            position, why = self.scheduler.position(ask.key, now, self._places.get(ask.key))
+            place = self._places.get(ask.key)
+            if place is None and not pass_now:
+                return None, None, ""
+            position, why = self.scheduler.position(ask.key, now, place)
             return None, position, why
 
     def _pass(self, now: float) -> None:
         self._dirty, self._last_pass = False, now
         for admission in self.scheduler.schedule(now):
             self._granted[admission.key] = admission
+            wake = self._listeners.pop(admission.key, None)
+            if wake is not None:
+                wake()
             self._preempting.pop(admission.key, None)  # a preempted job runs again
             self._log("admitted", admission.key, admission.klass,
                       f"pod={admission.pod} gpus={admission.gpus} reuse={admission.reuse or '-'} "
@@ -81,6 +90,35 @@ class Admissions:
             self._log("preempting", p.victim, p.klass,
                       f"for={p.for_key} pod={p.pod} gpus={p.gpus} lostGPUSeconds={p.lost_gpu_seconds:.0f}")
         self._places = self.scheduler.places()
+
+    # -- the admission loop (parked jobs) -------------------------------------
+
+    def tick(self) -> None:
+        """One turn of the admission loop: a scheduling pass when the books changed (or
+        a second passed: reservations move with time). Parked jobs poll nobody; this
+        admits them and wakes each through its ``listen`` callback."""
+        with self._lock:
+            now = self.clock()
+            if self._dirty or now - self._last_pass >= 1.0:
+                self._pass(now)
+
+    def listen(self, key: str, wake: Callable[[], None]) -> bool:
+        """Call ``wake`` (once, under the books' lock: it must only schedule) when ``key`` is
+        admitted; False, and no call, when it already is (or is not queued: ask again)."""
+        with self._lock:
+            if key in self._granted or key not in self.scheduler.waiting:
+                return False
+            self._listeners[key] = wake
+            return True
+
+    def unlisten(self, key: str) -> None:
+        with self._lock:
+            self._listeners.pop(key, None)
+
+    def place(self, key: str) -> int | None:
+        """``key``'s place in the queue at the last pass (None: not queued)."""
+        with self._lock:
+            return self._places.get(key) if key in self.scheduler.waiting else None
 
     def progress(self, key: str, step: int, steps: int) -> None:
         """A running job's denoising progress: its expected end follows it (the planner's
@@ -133,6 +171,7 @@ class Admissions:
     def cancel(self, key: str) -> None:
         with self._lock:
             self._granted.pop(key, None)
+            self._listeners.pop(key, None)
             self._preempting.pop(key, None)
             run = self.scheduler.running.get(key)
             self._dirty = True

@@ -32,6 +32,12 @@ class Context:
     metrics: Metrics
     event: EventFn
     kueue: Any = None  # kueue.KueueApi in kueue admission mode (settings.admission), else None
+    job_table: Any = None  # raycluster.jobtable.JobTable: running drivers' status, one read for all
+
+    def driver(self, submission_id: str):
+        """A driver's Ray job (None: Ray does not know it), from the shared job table when there is one."""
+        table = self.job_table
+        return table.job(submission_id) if table is not None else self.ray.job(submission_id)
 
     @property
     def launch(self) -> DriverLaunch:
@@ -41,6 +47,12 @@ class Context:
 
 class Stopped(Exception):
     """The daemon was asked to stop (operator shutdown or the job's deletion)."""
+
+
+class Parked(Exception):
+    """The job waits for GPUs and its lifecycle runs parked (``JobLifecycle.run(park=True)``):
+    its thread goes back to the pool, and the job runner calls ``run`` again once the
+    scheduler admitted it (or its place in the queue moved)."""
 
 
 def epoch(timestamp: str) -> float:

@@ -1,8 +1,8 @@
 """kopf handlers: they only translate kopf's calls into the controller's.
 
-One daemon per VideoJob runs its lifecycle (plan, queue, submit, watch,
-finish) and ends when the job does; the deletion handler is the finalizer
-(stop the driver, remove its group, release the ranks).
+One async daemon per VideoJob runs its lifecycle (plan, queue, submit, watch,
+finish) through the job runner and ends when the job does; the deletion
+handler is the finalizer (stop the driver, remove its group, release the ranks).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .outcome import clip
 FINALIZER = f"{API_GROUP}/finalizer"
 EVENT_POSTERS = 32
 EVENT_POSTER_IDLE_S = 0.05
+DELETION_WORKERS = 64  # kopf's executor: finalizers (and the other sync handlers) at once
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -85,9 +86,9 @@ def build_registry(settings: OperatorSettings, controller: Controller | None = N
         # without an instant-exit wait kopf would re-check only after the
         # cancellation timeout and hold the finalizer that long.
         settings.background.instant_exit_timeout = 3.0
-        # Each job's daemon is a thread for the job's whole life (queued ones too),
-        # and deletion handlers share the pool: it must not run out before the jobs do.
-        settings.execution.max_workers = controller.settings.max_workers
+        # kopf's executor runs the sync handlers (finalizers); the jobs' threads are the
+        # runner's own pool, lent only while a job has work (queued jobs hold none).
+        settings.execution.max_workers = DELETION_WORKERS
         settings.watching.server_timeout = controller.settings.watch_timeout_s
         settings.watching.client_timeout = controller.settings.watch_timeout_s + 10
         controller.start()
@@ -97,8 +98,10 @@ def build_registry(settings: OperatorSettings, controller: Controller | None = N
         controller.stop()
 
     @kopf.daemon(API_GROUP, API_VERSION, PLURAL, registry=registry, cancellation_timeout=5, backoff=5)
-    def lifecycle(stopped: kopf.DaemonStopped, namespace: str, name: str, uid: str, **_: Any) -> None:
-        controller.lifecycle(namespace, name, uid).run(stopped)
+    async def lifecycle(stopped: kopf.DaemonStopped, namespace: str, name: str, uid: str, **_: Any) -> None:
+        # A coroutine, not a thread: the job runner lends it a thread only while it has work
+        # (a queued job waits without one; controller/runner.py).
+        await controller.runner.run(controller.lifecycle(namespace, name, uid), stopped)
 
     @kopf.on.delete(API_GROUP, API_VERSION, PLURAL, registry=registry, backoff=2)
     def finalize(namespace: str, name: str, uid: str, status: dict, **_: Any) -> None:

@@ -34,6 +34,7 @@ class Gone(RuntimeError):
 T = TypeVar("T")
 # Answers that mean "later": throttled, or the server busy or restarting.
 RETRY_STATUSES = {429, 500, 502, 503, 504}
+LIST_PAGE_SIZE = 500  # VideoJobs per list request (the sweep and the rebuild page through them)
 
 
 def api_client(pool_size: int = 64) -> k8s.ApiClient:
@@ -89,15 +90,53 @@ class VideoJobs:
                 raise Gone(f"{namespace}/{name}") from None
             raise
 
-    def list(self, namespaces: list[str]) -> list[dict[str, Any]]:
-        if not namespaces:
-            return with_retries(lambda: self.api.list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL),
-                                "list").get("items", [])
+    def list(self, namespaces: list[str], page_size: int = LIST_PAGE_SIZE) -> list[dict[str, Any]]:
+        """Every VideoJob of ``namespaces`` (all when empty), read in pages of ``page_size``:
+        one unpaginated list of tens of thousands of kept jobs is a response the API server
+        builds in one go and that can pass its request timeout."""
         items: list[dict[str, Any]] = []
-        for namespace in namespaces:
-            items += with_retries(lambda ns=namespace: self.api.list_namespaced_custom_object(
-                API_GROUP, API_VERSION, ns, PLURAL), f"list {namespace}").get("items", [])
+        for namespace in namespaces or [None]:
+            items += self._pages(namespace, page_size)
         return items
+
+    def _pages(self, namespace: str | None, page_size: int) -> list[dict[str, Any]]:
+        where = namespace or "all namespaces"
+        for _ in range(3):  # a continue token that expired (410) means: list again from the start
+            items: list[dict[str, Any]] = []
+            token: str | None = None
+            try:
+                while True:
+                    kwargs: dict[str, Any] = {"limit": page_size}
+                    if token:
+                        kwargs["_continue"] = token
+                    if namespace is None:
+                        page = with_retries(lambda kw=kwargs: self.api.list_cluster_custom_object(
+                            API_GROUP, API_VERSION, PLURAL, **kw), f"list {where}")
+                    else:
+                        page = with_retries(lambda kw=kwargs: self.api.list_namespaced_custom_object(
+                            API_GROUP, API_VERSION, namespace, PLURAL, **kw), f"list {where}")
+                    items += page.get("items", [])
+                    token = (page.get("metadata") or {}).get("continue")
+                    if not token:
+                        return items
+            except ApiException as exc:
+                if exc.status != 410:
+                    raise
+                log.warning("listing VideoJobs in %s: the continue token expired; listing again", where)
+        raise RuntimeError(f"could not list the VideoJobs of {where}: continue tokens kept expiring")
+
+    def delete(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete the job if it is still the one of ``uid`` (a precondition: a job of the
+        same name made since is not touched); False when it is gone or another one."""
+        options = k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=uid), propagation_policy="Background")
+        try:
+            with_retries(lambda: self.api.delete_namespaced_custom_object(
+                API_GROUP, API_VERSION, namespace, PLURAL, name, body=options), f"delete {namespace}/{name}")
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any],
                      expect: str | None = None) -> dict[str, Any]:

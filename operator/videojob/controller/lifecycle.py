@@ -32,7 +32,7 @@ from ..planner.classes import plan_classes
 from ..raycluster.client import RayAuthError, RayUnavailable
 from .admission import pool_key
 from .attempts import FAULT_ANNOTATION, Attempts
-from .context import TERMINAL, Context, EventFn, Stopped, epoch
+from .context import TERMINAL, Context, EventFn, Parked, Stopped, epoch
 from .deletion import Deletion
 from .endings import Endings
 from .hygiene import after_end
@@ -63,6 +63,9 @@ class JobLifecycle(Queueing, KueueQueueing, Attempts, Watching, Endings, Deletio
         self._unwritten_plan: tuple[dict[str, Any], str] | None = None
         self._ray_was_down = False
         self._last_choice = None
+        self.parking = False  # run(park=True): raise Parked rather than poll the queue
+        self._parked_job: VideoJob | None = None  # the parsed job, kept while parked (no reread)
+        self._queue_shown: tuple[float, int | None] = (float("-inf"), None)  # (written at, place) while queued
 
     # -- helpers ---------------------------------------------------------------
 
@@ -129,10 +132,15 @@ class JobLifecycle(Queueing, KueueQueueing, Attempts, Watching, Endings, Deletio
 
     # -- the lifecycle ---------------------------------------------------------
 
-    def run(self, stopped) -> None:
-        """From wherever the status says the job is, to its end (or until stopped)."""
+    def run(self, stopped, park: bool = False) -> bool:
+        """From wherever the status says the job is, to its end (or until stopped);
+        with ``park``, returns True as soon as the job waits in the queue (see ``Parked``),
+        to be called again once it was admitted or its place moved."""
+        self.parking = park
         try:
             self._run(stopped)
+        except Parked:
+            return True
         except (Stopped, Gone):
             log.info("%s: lifecycle stopped", self.key)
             if self.deleting.is_set():
@@ -141,9 +149,16 @@ class JobLifecycle(Queueing, KueueQueueing, Attempts, Watching, Endings, Deletio
                 with self.submit_lock:
                     self.ctx.admissions.cancel(self.key)
                 self._capacity_metrics()
-            return
+        self._parked_job = None
+        return False
 
     def _run(self, stopped) -> None:
+        if stopped.is_set() or self.deleting.is_set():  # a parked job woken after its deletion
+            raise Stopped
+        if self._parked_job is not None:  # back from the queue: the book is this job's latest
+            job, self._parked_job = self._parked_job, None
+            self._loop(stopped, job)
+            return
         obj = self.book.load()
         self.annotations = dict(obj["metadata"].get("annotations") or {})
         self.ctx.metrics.set_phase(self.key, self.book.phase)
@@ -156,6 +171,9 @@ class JobLifecycle(Queueing, KueueQueueing, Attempts, Watching, Endings, Deletio
         except InvalidVideoJob as exc:  # the API server checks the same rules; this is a backstop
             self._fail(Reason.INVALID_SPEC, "; ".join(str(p) for p in exc.problems), ConditionType.PLANNED)
             return
+        self._loop(stopped, job)
+
+    def _loop(self, stopped, job: VideoJob) -> None:
         while True:
             plan = self._plan(job)
             if plan is None:

@@ -21,14 +21,18 @@ from ..health import ADMISSIONS, Health
 from ..inventory import load_inventory
 from ..metrics import Metrics, serve
 from ..raycluster.client import HttpRayClient, RayClient
+from ..raycluster.jobtable import JobTable
 from ..settings import OperatorSettings
 from .kube import VideoJobs, api_client
+from . import expiry
 from .admission import Admissions, pool_key
 from .groups import groups_in_ray, owner_uid, teardown_groups
 from .hygiene import owner_namespace, prune
 from .lifecycle import TERMINAL, Context, JobLifecycle
+from .runner import JobRunner, admission_loop
 
 log = logging.getLogger("videojob.controller")
+EXPIRE_PER_SWEEP = 1000  # finished jobs past their TTL deleted per sweep at most
 
 
 class Controller:
@@ -49,6 +53,8 @@ class Controller:
         self._lock = threading.Lock()
         self.alive = threading.Event()
         self.health = Health(settings.health_stall_s)
+        self.runner = JobRunner(self.admissions, settings.max_workers, settings.poll_interval_s,
+                                settings.queue_status_interval_s)
 
     def _ray_client(self) -> RayClient:
         settings = self.settings
@@ -78,12 +84,15 @@ class Controller:
             kueue = KueueApi(getattr(getattr(jobs, "api", None), "api_client", None) or api_client(),
                              self.settings.namespaces)
         self.ctx = Context(jobs=jobs, ray=ray, admissions=self.admissions, inventory=self.inventory,
-                           settings=self.settings, metrics=self.metrics, event=self._event or _no_event, kueue=kueue)
+                           settings=self.settings, metrics=self.metrics, event=self._event or _no_event, kueue=kueue,
+                           job_table=JobTable(ray, self.settings.poll_interval_s))
         self.rebuild()
         self.health.start_probe(ADMISSIONS, self.admissions.ping)
         self.metrics_server, self.metrics_port = serve(self.metrics, self.settings.metrics_port, self.healthz)
         self.alive.set()
         threading.Thread(target=self._sweeper, name="videojob-sweeper", daemon=True).start()
+        threading.Thread(target=admission_loop, args=(self.admissions, self.alive, self.settings.poll_interval_s),
+                         name="videojob-admission", daemon=True).start()
         classes = ", ".join(c.describe() for c in self.inventory.classes)
         log.info("operator ready: %s %s(s) in %s (%s), Ray at %s, drivers run %s, metrics on :%s",
                  self.inventory.capacity, self.inventory.unit, classes, self.inventory.device,
@@ -145,8 +154,11 @@ class Controller:
         # meanwhile is never taken for an owner that is gone.
         in_ray = groups_in_ray(ray)
         live: dict[str, str] = {}
-        for obj in self.ctx.jobs.list(self.settings.namespaces):
+        listed = self.ctx.jobs.list(self.settings.namespaces)
+        for obj in listed:
             live[obj["metadata"]["uid"]] = (obj.get("status") or {}).get("phase", "Pending")
+        expired_jobs = self._expire(listed)
+        del listed  # only uid -> phase is kept past here
         in_use = self.admissions.groups_in_use()
         # Whose is a group: the uid in its name; which namespace (a namespace-scoped operator
         # leaves alone the groups of namespaces it does not watch): its creator driver's
@@ -167,7 +179,25 @@ class Controller:
             self.metrics.evictions.labels(why="ownerless").inc(len(ownerless))
         prune(ray, live, scoped, self.settings.ray_job_retention_s)  # ended drivers leave Ray's job table
         self.metrics.set_capacity(self.admissions.snapshot())
-        return {"expired": expired, "ownerless": ownerless}
+        return {"expired": expired, "ownerless": ownerless, "jobsExpired": expired_jobs}
+
+    def _expire(self, listed: list[dict[str, Any]]) -> list[str]:
+        """Finished jobs past their TTL are deleted (``expiry``); at most
+        ``EXPIRE_PER_SWEEP`` a sweep, oldest first, so a backlog drains without a burst."""
+        gone = []
+        for job in expiry.due(listed, self.settings.ttl_seconds_after_finished)[:EXPIRE_PER_SWEEP]:
+            try:
+                deleted = self.ctx.jobs.delete(job.namespace, job.name, job.uid)
+            except Exception as exc:  # noqa: BLE001 - e.g. RBAC without delete: the sweep goes on
+                log.warning("could not delete expired %s/%s (%s); the next sweep tries again", job.namespace,
+                            job.name, exc)
+                break
+            if deleted:
+                gone.append(f"{job.namespace}/{job.name}")
+                self.metrics.jobs_expired.inc()
+                log.info("%s/%s expired: %s %.0f s ago, past its ttlSecondsAfterFinished; deleted", job.namespace,
+                         job.name, job.phase, job.finished_s_ago)
+        return gone
 
     def _sweeper(self) -> None:
         while self.alive.is_set():
@@ -202,6 +232,7 @@ class Controller:
 
     def stop(self) -> None:
         self.alive.clear()
+        self.runner.stop()
         self.health.stop()
         if self.ctx is not None and self.ctx.kueue is not None and self.ctx.kueue.cache is not None:
             self.ctx.kueue.cache.stop()

@@ -4,7 +4,10 @@ Mixed into ``JobLifecycle``: ``_admit`` asks the scheduler (``Admissions``)
 until it admits the job (on its own class, or spilled to another), writing
 ``Queued`` with the place and what the job waits for at most every
 ``queue_status_interval_s``; ``_evict`` tears down the idle warm groups an
-admission takes the GPUs of.
+admission takes the GPUs of. Run parked (the operator's job runner), a job
+not admitted at its first look raises ``Parked`` instead of polling: its
+thread is free while it waits, and the runner calls it again when the
+scheduler's admission loop admitted it or its place moved.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from ..planner.classes import class_rank
 from ..planner.memory import OFFLOAD_MODES
 from ..raycluster.client import RayUnavailable
 from ..scheduling import Admission, Ask, Fallback
-from .context import Stopped, epoch
+from .context import Parked, Stopped, epoch
 from .groups import teardown_groups
 
 log = logging.getLogger("videojob.controller")
@@ -34,7 +37,8 @@ class Queueing:
         if self.ctx.kueue is not None:
             return self._admit_kueue(stopped, job, plan)
         klass = plan.get("gpuClass") or self.ctx.inventory.classes[0].name
-        choice, self._last_choice = self._last_choice or self._choice(job), None
+        # The planner's options, kept while the job waits parked (re-planned only after an admission).
+        choice = self._last_choice = self._last_choice or self._choice(job)
         options = {k.name: (k, a) for k, a in choice.options}
         fallbacks = []
         for name, (k, a) in options.items():
@@ -43,15 +47,18 @@ class Queueing:
                 fallbacks.append(Fallback(name, a.layout.gpus, a.seconds, self._pool_key(job, alt),
                                           class_rank(k, a)[0]))
         ask = self._ask(job, plan, tuple(fallbacks))
-        last_write, last_place = float("-inf"), None
+        # Kept on the job across parked calls: a place is rewritten only when it moved.
+        last_write, last_place = self._queue_shown
         while True:
             try:
-                admission, position, why = self.ctx.admissions.request(ask)
+                admission, position, why = self.ctx.admissions.request(ask, pass_now=not self.parking)
             except ValueError as exc:  # more GPUs than one pod of the class: never
+                self._last_choice = None
                 self._fail(Reason.DOES_NOT_FIT, f"{exc}: it can never run here", ConditionType.ADMITTED)
                 raise Stopped from None
             self._capacity_metrics()
             if admission is not None:
+                self._last_choice, self._queue_shown = None, (float("-inf"), None)
                 if admission.evict:
                     self._evict(admission.evict, "needed by " + self.key)
                 if admission.spilled and admission.klass in options:
@@ -60,6 +67,9 @@ class Queueing:
                                                      f"{admission.klass}, where it ends sooner")
                     return admission, spilled
                 return admission, plan
+            if position is None:  # parked, and not placed by a pass yet: shown once it is
+                self._parked_job = job
+                raise Parked
             clock = time.monotonic()
             if last_place is None or (position != last_place
                                       and clock - last_write >= self.ctx.settings.queue_status_interval_s):
@@ -71,6 +81,10 @@ class Queueing:
                     last_write = clock
                 self._unwritten_plan = None
                 last_place = position
+                self._queue_shown = (last_write, last_place)
+            if self.parking:  # the job runner waits for the admission without a thread
+                self._parked_job = job
+                raise Parked
             self._wait(stopped, self.ctx.settings.poll_interval_s)
 
     def _ask(self, job: VideoJob, plan: dict[str, Any], fallbacks: tuple[Fallback, ...] = ()) -> Ask:

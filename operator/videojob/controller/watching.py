@@ -1,7 +1,9 @@
 """Watching a running attempt: the driver's records, turned into status.
 
-Mixed into ``JobLifecycle``: ``_watch`` polls the driver's Ray job and its
-logs until it ends. On the way it shows, each only when it changed and at
+Mixed into ``JobLifecycle``: ``_watch`` polls the driver's Ray job (from the
+shared job table: one read of Ray's table per interval for every running job)
+until it ends, and reads its log only when there is news to show (at most every
+``progress_interval_s``) and at its end. On the way it shows, each only when it changed and at
 most every ``progress_interval_s``:
 
 - a driver whose Ray job is still PENDING while drivers need resources
@@ -44,18 +46,22 @@ class Watching:
                 self._evicted_by_kueue = self._kueue_eviction(attempt)
                 if self._evicted_by_kueue is not None:
                     preempting = self._ask_to_preempt(stopped, attempt)
-            ray_job: RayJob = self._ray(stopped, lambda: self.ctx.ray.job(sid), Phase.RUNNING.value)
+            ray_job: RayJob = self._ray(stopped, lambda: self.ctx.driver(sid), Phase.RUNNING.value)
             if ray_job is None:
                 return None
-            logs = self._ray(stopped, lambda: self.ctx.ray.logs(sid), Phase.RUNNING.value)
             clock = time.monotonic()
+            # The whole log only when it is read: at the end, or when progress is due to be shown.
+            due = clock - last_write >= self.ctx.settings.progress_interval_s
+            logs = ""
+            if ray_job.terminal or (ray_job.status != "PENDING" and due):
+                logs = self._ray(stopped, lambda: self.ctx.ray.logs(sid), Phase.RUNNING.value)
             if ray_job.terminal:
                 if waiting:  # it ended between two looks: the wait it showed is over
                     self._show_latest(attempt, logs, waiting)
                 return ray_job, logs
             if ray_job.status == "PENDING":
                 waiting = self._show_pending_driver(attempt) or waiting
-            elif clock - last_write >= self.ctx.settings.progress_interval_s:
+            elif due:
                 wrote, waiting = self._show_latest(attempt, logs, waiting)
                 if wrote:
                     last_write = clock

@@ -1,0 +1,116 @@
+"""Jobs without a thread each: queued jobs wait as coroutines, one admission loop admits them.
+
+Why: each VideoJob's lifecycle used to be a sync kopf daemon, a thread from
+the pool kopf's deletion handlers share, for the job's whole life. Past the
+pool's size the extra jobs never entered the queue and finalizers waited
+behind them; threads and memory grew with the backlog.
+
+Now kopf's daemon for a job is a coroutine (``run``) that hands the
+lifecycle to this runner's own thread pool only while the job has work to do
+(planning, submitting, watching a driver, ending). A job that must wait for
+GPUs leaves its thread (``JobLifecycle.run(park=True)`` returns True) and its
+coroutine waits without one for:
+
+- its admission: the admission loop (``admission_loop``, one thread, a
+  scheduling pass per ``poll_interval_s`` when the books changed) wakes it
+  through ``Admissions.listen``;
+- a move of its place in the queue, looked at every
+  ``max(queue_status_interval_s, poll_interval_s)``, so its status shows it;
+- its stop (deletion or shutdown): kopf's flag, mirrored to the thread's.
+
+Deletion handlers run on kopf's own executor, which queued jobs no longer
+occupy. Kueue admission mode still waits for its Workload in the job's
+thread (its own wait, per ``kueue_poll_interval_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from .admission import Admissions
+from .lifecycle import JobLifecycle
+
+log = logging.getLogger("videojob.controller")
+
+
+class JobRunner:
+    """Runs lifecycles on ``threads`` threads at most; parked jobs hold none."""
+
+    def __init__(self, admissions: Admissions, threads: int, poll_interval_s: float, place_interval_s: float):
+        self.admissions = admissions
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="videojob-job")
+        self.poll_interval_s = poll_interval_s
+        self.place_interval_s = max(place_interval_s, poll_interval_s)
+        self.parked = 0  # jobs waiting without a thread now (a gauge's source)
+        self._lock = threading.Lock()
+
+    async def run(self, lifecycle: JobLifecycle, stopped) -> None:
+        """The job from wherever it is to its end, or until ``stopped`` (kopf's daemon flag)."""
+        loop = asyncio.get_running_loop()
+        flag = threading.Event()  # what the lifecycle's thread waits on
+        woken = asyncio.Event()
+
+        async def mirror() -> None:
+            await stopped.wait()
+            flag.set()
+            woken.set()
+
+        mirroring = asyncio.create_task(mirror(), name=f"stop-{lifecycle.key}")
+        try:
+            while not flag.is_set():
+                # In a copy of this coroutine's context: kopf.event (the phase events) finds
+                # kopf's posting queue through context variables, as in kopf's own executor.
+                parked = await loop.run_in_executor(self.pool, contextvars.copy_context().run, lifecycle.run,
+                                                    flag, True)
+                if not parked:
+                    return
+                await self._wait_for_turn(lifecycle, loop, woken, flag)
+        except asyncio.CancelledError:
+            flag.set()  # kopf gave up waiting: the thread (if any) stops at its next look
+            raise
+        finally:
+            mirroring.cancel()
+
+    async def _wait_for_turn(self, lifecycle: JobLifecycle, loop, woken: asyncio.Event,
+                             flag: threading.Event) -> None:
+        """Until the job is admitted, its place moved, or it is stopped."""
+        key = lifecycle.key
+        woken.clear()
+        if not self.admissions.listen(key, lambda: loop.call_soon_threadsafe(woken.set)):
+            return  # admitted already, or no longer queued: its lifecycle looks again
+        place = self.admissions.place(key)
+        with self._lock:
+            self.parked += 1
+        try:
+            while not flag.is_set():
+                try:
+                    # Not placed yet: look again at the next pass; else at the place interval.
+                    wait = self.poll_interval_s if place is None else self.place_interval_s
+                    await asyncio.wait_for(woken.wait(), timeout=wait)
+                    return  # admitted (or stopped)
+                except asyncio.TimeoutError:
+                    now = self.admissions.place(key)
+                    if now != place:
+                        return  # its place moved: its lifecycle writes it
+        finally:
+            self.admissions.unlisten(key)
+            with self._lock:
+                self.parked -= 1
+
+    def stop(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def admission_loop(admissions: Admissions, alive: threading.Event, interval_s: float) -> None:
+    """The one loop that admits parked jobs (``Admissions.tick``), until ``alive`` clears."""
+    while alive.is_set():
+        try:
+            admissions.tick()
+        except Exception:  # noqa: BLE001 - a pass that failed is tried again at the next turn
+            log.exception("the admission loop's scheduling pass failed; trying again in %.1f s", interval_s)
+        time.sleep(interval_s)

@@ -1,0 +1,46 @@
+"""Every running job's driver status from one read of Ray's job table per interval.
+
+Why: each running VideoJob looked up its own driver (``GET /api/jobs/<id>``)
+every ``poll_interval_s``; with hundreds running, that is hundreds of requests
+a second to the one dashboard process. Watchers ask ``JobTable.job(sid)``
+instead: one ``GET /api/jobs/`` answers all of them while it is younger than
+``max_age_s`` (the poll interval, so a driver's end is seen at most one
+interval later than before). The operator's hygiene keeps the table small
+(ended drivers leave it), so the list stays cheap.
+
+A submission id the last read does not hold (submitted since, or gone) is
+asked about alone, so a new driver is never taken for a lost one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from .client import RayClient, RayJob
+
+
+class JobTable:
+    """``job(sid)`` served from a shared, recent read of Ray's whole job table."""
+
+    def __init__(self, ray: RayClient, max_age_s: float, clock: Callable[[], float] = time.monotonic):
+        self.ray, self.max_age_s, self.clock = ray, max_age_s, clock
+        self._jobs: dict[str, RayJob] = {}
+        self._read_at = float("-inf")  # clock() when the read in _jobs began
+        self._lock = threading.Lock()  # one read at a time; the others wait for it and share it
+        self.reads = 0  # whole-table reads (for tests and the polling benchmark)
+        self.single = 0  # lookups the table could not answer
+
+    def job(self, submission_id: str) -> RayJob | None:
+        with self._lock:
+            if self.clock() - self._read_at >= self.max_age_s:
+                started = self.clock()
+                table = {j.submission_id: j for j in self.ray.jobs() if j.submission_id}
+                self._jobs, self._read_at = table, started
+                self.reads += 1
+            found = self._jobs.get(submission_id)
+        if found is not None:
+            return found
+        self.single += 1
+        return self.ray.job(submission_id)

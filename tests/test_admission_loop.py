@@ -1,0 +1,189 @@
+"""The admission loop and the job runner (controller/runner.py) at small scale.
+
+Jobs here are stand-ins for ``JobLifecycle`` that ask the real ``Admissions``
+exactly as a parked lifecycle does (``request(ask, pass_now=False)``, park
+when not admitted), run on the real ``JobRunner`` on an asyncio loop, and
+hold their GPUs until released. What must hold:
+
+- no double booking: GPUs held never exceed the capacity, at any admission;
+- priority order: as GPUs free one job's worth at a time, the waiting jobs
+  start highest priority first, then first come first served;
+- a job deleted while queued is never admitted and its waiter ends;
+- queued jobs hold no thread: 300 of them park with the pool's threads idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from videojob.controller.admission import Admissions
+from videojob.controller.runner import JobRunner, admission_loop
+from videojob.inventory import parse_inventory
+from videojob.scheduling import Ask
+
+INVENTORY = parse_inventory({"device": "cpu", "classes": [
+    {"name": "cpu4", "gpusPerPod": 4, "maxPods": 1, "gpuMemory": "8Gi", "hostMemory": "16Gi",
+     "gpuType": "generic"}]})
+
+
+class Flag:
+    """kopf's async daemon flag: ``await stopped.wait()``."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    async def wait(self) -> None:
+        await self.event.wait()
+
+
+class Book:
+    """Who holds GPUs now; every admission checked against the capacity."""
+
+    def __init__(self, capacity: int):
+        self.capacity, self.held, self.started, self.peak = capacity, {}, [], 0
+        self.lock = threading.Lock()
+
+    def take(self, key: str, gpus: int) -> None:
+        with self.lock:
+            assert key not in self.held, f"{key} admitted twice"
+            self.held[key] = gpus
+            self.started.append(key)
+            self.peak = max(self.peak, sum(self.held.values()))
+            assert sum(self.held.values()) <= self.capacity, f"double booking: {self.held}"
+
+
+class StandIn:
+    """A lifecycle that asks like a parked ``JobLifecycle`` and then holds its GPUs."""
+
+    def __init__(self, admissions: Admissions, book: Book, name: str, gpus: int, priority: int, seq: int):
+        self.key, self.admissions, self.book = f"ns/{name}", admissions, book
+        self.ask = Ask(self.key, "cpu4", gpus, priority, seq, preemptible=False)
+        self.threads_seen: set[int] = set()
+        self.release = threading.Event()
+        self.runs = 0
+
+    def run(self, stopped: threading.Event, park: bool = False) -> bool:
+        self.runs += 1
+        self.threads_seen.add(threading.get_ident())
+        if stopped.is_set():
+            return False
+        admission, _, _ = self.admissions.request(self.ask, pass_now=not park)
+        if admission is None:
+            return True  # parked
+        self.book.take(self.key, admission.gpus)
+        while not (stopped.is_set() or self.release.wait(0.01)):
+            pass
+        with self.book.lock:
+            self.book.held.pop(self.key)
+        self.admissions.finish(self.key)
+        return False
+
+
+def _wait(what: str, condition, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def loop_thread():
+    """An asyncio loop in a thread (kopf's), the admission loop, and a runner; stopped after."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    admissions = Admissions(INVENTORY, idle_ttl_s=0)
+    alive = threading.Event()
+    alive.set()
+    threading.Thread(target=admission_loop, args=(admissions, alive, 0.02), daemon=True).start()
+    runner = JobRunner(admissions, threads=8, poll_interval_s=0.02, place_interval_s=0.05)
+    yield loop, admissions, runner
+    alive.clear()
+    runner.stop()
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+def _start(loop, runner, job):
+    flag = Flag()
+    future = asyncio.run_coroutine_threadsafe(runner.run(job, flag), loop)
+    return flag, future
+
+
+def test_no_double_booking_and_priority_order(loop_thread):
+    loop, admissions, runner = loop_thread
+    book = Book(capacity=4)
+    first = StandIn(admissions, book, "first", 4, 0, 0)
+    flags = {"first": _start(loop, runner, first)}
+    _wait("the first job to hold the whole pod", lambda: book.held.get("ns/first") == 4)
+    # Then, while it runs: low, mid, high and a second low, each a whole pod.
+    jobs = {name: StandIn(admissions, book, name, 4, prio, seq)
+            for seq, (name, prio) in enumerate([("low", 0), ("mid", 5), ("high", 9), ("low2", 0)], start=1)}
+    for name, job in jobs.items():
+        flags[name] = _start(loop, runner, job)
+    _wait("four parked jobs", lambda: runner.parked == 4)
+    previous = first
+    for expected in ("high", "mid", "low", "low2"):
+        previous.release.set()
+        _wait(f"{expected} to start", lambda e=expected: f"ns/{e}" in book.held)
+        assert len(book.held) == 1, book.held
+        previous = jobs[expected]
+    previous.release.set()
+    for name, (_, future) in flags.items():
+        future.result(timeout=10)
+    assert book.started == ["ns/first", "ns/high", "ns/mid", "ns/low", "ns/low2"] and book.peak == 4
+    assert not admissions.scheduler.waiting and not admissions.scheduler.running
+
+
+def _held_pod(loop, admissions, runner):
+    """A job holding the whole pod: (the book, the job, its runner's future)."""
+    book = Book(capacity=4)
+    holder = StandIn(admissions, book, "holder", 4, 0, 0)
+    _, holding = _start(loop, runner, holder)
+    _wait("the holder to run", lambda: "ns/holder" in book.held)
+    return book, holder, holding
+
+
+def test_a_job_deleted_while_queued_is_never_admitted(loop_thread):
+    loop, admissions, runner = loop_thread
+    book, holder, holding = _held_pod(loop, admissions, runner)
+    doomed = StandIn(admissions, book, "doomed", 4, 9, 1)
+    flag, future = _start(loop, runner, doomed)
+    _wait("the doomed job to park", lambda: runner.parked == 1)
+    # What the finalizer and kopf do: the books forget it, then the daemon's flag is set.
+    admissions.cancel(doomed.key)
+    loop.call_soon_threadsafe(flag.event.set)
+    future.result(timeout=10)
+    holder.release.set()
+    holding.result(timeout=10)
+    for _ in range(3):  # scheduling passes with the pod free: nothing may admit it now
+        admissions.tick()
+    assert "ns/doomed" not in book.started and runner.parked == 0
+    assert not admissions.scheduler.waiting
+
+
+def test_queued_jobs_hold_no_thread(loop_thread):
+    loop, admissions, runner = loop_thread
+    book, holder, holding = _held_pod(loop, admissions, runner)
+    queued = [StandIn(admissions, book, f"q{i}", 1, 0, i + 1) for i in range(300)]
+    started = [_start(loop, runner, job) for job in queued]
+    _wait("300 parked jobs", lambda: runner.parked == 300, timeout=60)
+    threads = [t for t in threading.enumerate() if t.name.startswith("videojob-job")]
+    assert len(threads) <= 8  # the pool's bound, not one per job
+    busy = sum(1 for job in queued if job.runs and job.key in book.held)
+    assert busy == 0
+    holder.release.set()
+    holding.result(timeout=10)
+    _wait("four one-GPU jobs to start", lambda: len(book.held) == 4)
+    for job in queued:
+        job.release.set()
+    for _, future in started:
+        future.result(timeout=60)
+    assert len(book.started) == 301 and book.peak == 4
+    # Each job's lifecycle ran a few times at most (parked, woken by admission or a moved place).
+    assert max(job.runs for job in queued) <= 40
