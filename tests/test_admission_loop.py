@@ -65,14 +65,19 @@ class StandIn:
         self.threads_seen: set[int] = set()
         self.release = threading.Event()
         self.runs = 0
+        self.shown: int | None = None
+
+    def shown_place(self) -> int | None:
+        return self.shown
 
     def run(self, stopped: threading.Event, park: bool = False) -> bool:
         self.runs += 1
         self.threads_seen.add(threading.get_ident())
         if stopped.is_set():
             return False
-        admission, _, _ = self.admissions.request(self.ask, pass_now=not park)
+        admission, place, _ = self.admissions.request(self.ask, pass_now=not park)
         if admission is None:
+            self.shown = place if place is not None else self.shown  # what a status write would show
             return True  # parked
         self.book.take(self.key, admission.gpus)
         while not (stopped.is_set() or self.release.wait(0.01)):

@@ -42,6 +42,7 @@ class Admissions:
         self._places: dict[str, int] = {}
         self._preempting: dict[str, Preemption] = {}  # victim -> why, until it is admitted again
         self._listeners: dict[str, Callable[[], None]] = {}  # parked job -> wake it (admitted)
+        self._changed = threading.Event()  # the books changed: the admission loop's cue
         self._lock = threading.Lock()
 
     # -- a job's view ----------------------------------------------------------
@@ -59,7 +60,7 @@ class Admissions:
                 return Admission(ask.key, run.klass, run.pod, run.gpus, run.group), 0, ""
             if ask.key not in self.scheduler.waiting:
                 self.scheduler.enqueue(ask)
-                self._dirty = True
+                self._touch()
             now = self.clock()
             # A pass costs O(queue): run one when the books changed, else at most once a
             # second (reservations move with time), not once per waiting job's poll.
@@ -92,6 +93,16 @@ class Admissions:
         self._places = self.scheduler.places()
 
     # -- the admission loop (parked jobs) -------------------------------------
+
+    def _touch(self) -> None:
+        self._dirty = True
+        self._changed.set()
+
+    def wait_for_change(self, timeout_s: float) -> bool:
+        """Until the books change (a job asked, ended, or was cancelled), at most ``timeout_s``."""
+        changed = self._changed.wait(timeout_s)
+        self._changed.clear()
+        return changed
 
     def tick(self) -> None:
         """One turn of the admission loop: a scheduling pass when the books changed (or
@@ -147,12 +158,12 @@ class Admissions:
         """A job found running (operator start, or an adopted driver); ``ask``: its
         priority and preemption fields (without it, it is never preempted)."""
         with self._lock:
-            self._dirty = True
+            self._touch()
             self.scheduler.reserve(key, klass, gpus, self.clock(), est_seconds, group, pool, ask=ask)
 
     def adopt_idle(self, group: str, klass: str, gpus: int, pool: str, model: str) -> bool:
         with self._lock:
-            self._dirty = True
+            self._touch()
             ok = self.scheduler.adopt_idle(group, klass, gpus, pool, self.clock())
             if ok:
                 self._models[group] = model
@@ -161,7 +172,7 @@ class Admissions:
     def finish(self, key: str, keep_group: str | None = None, model: str = "") -> None:
         with self._lock:
             run = self.scheduler.running.get(key)
-            self._dirty = True
+            self._touch()
             self.scheduler.finish(key, self.clock(), keep_group)
             if keep_group and keep_group in self.scheduler.idle:
                 self._models[keep_group] = model
@@ -174,7 +185,7 @@ class Admissions:
             self._listeners.pop(key, None)
             self._preempting.pop(key, None)
             run = self.scheduler.running.get(key)
-            self._dirty = True
+            self._touch()
             self.scheduler.cancel(key)
             if run is not None:
                 self._log("released", key, run.klass, "kept=-")
@@ -200,7 +211,7 @@ class Admissions:
             idle = self.scheduler.idle.get(group)
             if idle is None:
                 return False
-            self._dirty = True
+            self._touch()
             self.scheduler.evicted(group)
             self._models.pop(group, None)
             self._log("evicted", group, idle.klass, "")
@@ -209,7 +220,7 @@ class Admissions:
     def expired(self) -> list[str]:
         with self._lock:
             idle = dict(self.scheduler.idle)
-            self._dirty = True
+            self._touch()
             old = self.scheduler.expire(self.clock())
             for group in old:
                 self._models.pop(group, None)

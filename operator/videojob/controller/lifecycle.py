@@ -204,12 +204,18 @@ class JobLifecycle(Queueing, KueueQueueing, Attempts, Watching, Endings, Deletio
             if not self._retry(stopped, job, plan, attempt, outcome):
                 return
 
+    def shown_place(self) -> int | None:
+        """The queue place the job's status shows (None: not shown yet)."""
+        return self._queue_shown[1]
+
     def _pool_key(self, job: VideoJob, plan: dict[str, Any]) -> str:
         return pool_key(job.spec.model.name, job.spec.model.source, plan)
 
     def _plan(self, job: VideoJob) -> dict[str, Any] | None:
         if self.book.status.get("plan"):
             return self.book.status["plan"]
+        if self._unwritten_plan is not None:  # planned before it parked, not written yet
+            return self._unwritten_plan[0]
         choice = self._choice(job)
         if choice.chosen is None:
             self._fail(Reason.DOES_NOT_FIT, f"{choice.reason}; it can never run on this cluster",

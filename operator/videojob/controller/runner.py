@@ -83,20 +83,24 @@ class JobRunner:
         woken.clear()
         if not self.admissions.listen(key, lambda: loop.call_soon_threadsafe(woken.set)):
             return  # admitted already, or no longer queued: its lifecycle looks again
-        place = self.admissions.place(key)
+        shown = lifecycle.shown_place()  # the place its status shows (None: none yet)
         with self._lock:
             self.parked += 1
+        parked_at = time.monotonic()
         try:
             while not flag.is_set():
+                # Placed since it parked, or moved and due to be shown again (its lifecycle writes a
+                # place at most every queue_status_interval_s: earlier, it would only park again).
+                if self.admissions.place(key) not in (None, shown) and (
+                        shown is None or time.monotonic() - parked_at >= self.place_interval_s):
+                    return
                 try:
-                    # Not placed yet: look again at the next pass; else at the place interval.
-                    wait = self.poll_interval_s if place is None else self.place_interval_s
+                    # Nothing shown yet: look again at the next pass; else at the place interval.
+                    wait = self.poll_interval_s if shown is None else self.place_interval_s
                     await asyncio.wait_for(woken.wait(), timeout=wait)
                     return  # admitted (or stopped)
                 except asyncio.TimeoutError:
-                    now = self.admissions.place(key)
-                    if now != place:
-                        return  # its place moved: its lifecycle writes it
+                    pass
         finally:
             self.admissions.unlisten(key)
             with self._lock:
@@ -106,11 +110,16 @@ class JobRunner:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
+PASS_GAP_S = 0.1  # least seconds between two passes (a pass sorts the whole queue)
+
+
 def admission_loop(admissions: Admissions, alive: threading.Event, interval_s: float) -> None:
-    """The one loop that admits parked jobs (``Admissions.tick``), until ``alive`` clears."""
+    """The one loop that admits parked jobs (``Admissions.tick``), until ``alive`` clears: a pass
+    soon after the books change (a job ended: the next one starts at once), else every ``interval_s``."""
     while alive.is_set():
+        admissions.wait_for_change(interval_s)
         try:
             admissions.tick()
         except Exception:  # noqa: BLE001 - a pass that failed is tried again at the next turn
             log.exception("the admission loop's scheduling pass failed; trying again in %.1f s", interval_s)
-        time.sleep(interval_s)
+        time.sleep(min(PASS_GAP_S, interval_s))
