@@ -96,10 +96,14 @@ def _run(command: str, cwd: Path) -> str:
 
 
 def _shape(line: str) -> re.Pattern:
-    """A shown line as a pattern: numbers match any number, `...` anything."""
+    """A shown line as a pattern: numbers match any number, `...` anything, a sha256 digest
+    any digest (the frames' digest is the same run after run on one machine, but float
+    kernels differ between CPUs: a run on another machine printed another digest)."""
     parts = []
-    for piece in re.split(r"(\.\.\.|\d+(?:\.\d+)?)", line.rstrip()):
-        if piece == "...":
+    for piece in re.split(r"(sha256:[0-9a-f]{64}|\.\.\.|\d+(?:\.\d+)?)", line.rstrip()):
+        if piece.startswith("sha256:"):
+            parts.append("sha256:[0-9a-f]{64}")
+        elif piece == "...":
             parts.append(".*")
         elif re.fullmatch(r"\d+(?:\.\d+)?", piece or "x"):
             parts.append(r"\d+(?:\.\d+)?")
