@@ -55,9 +55,15 @@ class Parked(Exception):
     scheduler admitted it (or its place in the queue moved)."""
 
 
+def parse_time(timestamp: object) -> float | None:
+    """Seconds since the epoch of a status timestamp (None when it is not one)."""
+    try:
+        return datetime.strptime(str(timestamp), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None
+
+
 def epoch(timestamp: str) -> float:
     """Seconds since the epoch of a status timestamp (now, when it is not one)."""
-    try:
-        return datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
-    except (TypeError, ValueError):
-        return time.time()
+    parsed = parse_time(timestamp) if timestamp is not None else None
+    return time.time() if parsed is None else parsed

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any, Iterable
 
-from .context import TERMINAL
+from .context import TERMINAL, parse_time
 
 KEEP = -1  # the operator setting's "never": finished jobs stay until someone deletes them
 
@@ -32,20 +31,13 @@ class Expired:
     finished_s_ago: float
 
 
-def _seconds(timestamp: Any) -> float | None:
-    try:
-        return datetime.strptime(str(timestamp), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
-    except ValueError:
-        return None
-
-
 def finished_at(status: dict[str, Any]) -> float | None:
     """When the job ended: its completionTime, else its Completed condition's change."""
     if status.get("completionTime"):
-        return _seconds(status["completionTime"])
+        return parse_time(status["completionTime"])
     for condition in status.get("conditions") or []:
         if condition.get("type") == "Completed" and condition.get("lastTransitionTime"):
-            return _seconds(condition["lastTransitionTime"])
+            return parse_time(condition["lastTransitionTime"])
     return None
 
 
