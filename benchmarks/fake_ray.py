@@ -99,8 +99,15 @@ class InstantRay:
             driver = self._drivers.get(submission_id)
             return self._ray_job(driver) if driver is not None else None
 
+    def log_tail(self, submission_id: str, lines: int, node_id: str | None = None) -> str:
+        self.calls["log_tail"] += 1
+        return "\n".join(self._log(submission_id).splitlines()[-lines:])
+
     def logs(self, submission_id: str) -> str:
         self.calls["logs"] += 1
+        return self._log(submission_id)
+
+    def _log(self, submission_id: str) -> str:
         with self._lock:
             driver = self._drivers.get(submission_id)
             if driver is None:
@@ -150,11 +157,13 @@ class InstantRay:
 
     # -- State API -------------------------------------------------------------
 
-    def actors(self, name_prefix: str = "", alive_only: bool = True) -> list[dict[str, Any]]:
+    def actors(self, name_prefix: str = "", alive_only: bool = True,
+               where: dict[str, str] | None = None) -> list[dict[str, Any]]:
         self.calls["actors"] += 1
         return []
 
-    def placement_groups(self, name_prefix: str = "", live_only: bool = True) -> list[dict[str, Any]]:
+    def placement_groups(self, name_prefix: str = "", live_only: bool = True,
+                         where: dict[str, str] | None = None) -> list[dict[str, Any]]:
         self.calls["placement_groups"] += 1
         return []
 

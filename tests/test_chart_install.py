@@ -50,6 +50,8 @@ from videojob.inventory import load_inventory
 
 
 FAKE_NODES = [n for n in yaml.safe_load_all((REPO / "hack" / "cluster" / "fake-nodes.yaml").read_text()) if n]
+EXPIRE_AFTER_S = 10  # the chart-RBAC job's ttlSecondsAfterFinished
+SWEEP_S = 2  # and the operator's sweep interval there
 CPU_NODES = {n["metadata"]["name"] for n in FAKE_NODES if "nvidia.com/gpu" not in n["status"]["capacity"]}
 
 
@@ -283,7 +285,8 @@ def test_operator_runs_a_job_under_the_charts_rbac_and_inventory(full_cluster, h
     """An `embedded` install (device cpu); the operator runs here, as the ServiceAccount the
     chart made (its token; the chart's Role in the watched namespace is all it is granted),
     with the Deployment's environment and the inventory ConfigMap's file where the pod
-    would see them (every absolute path under a temp root); a tiny job Succeeds."""
+    would see them (every absolute path under a temp root); a tiny job Succeeds, and past
+    its ttlSecondsAfterFinished the operator deletes it (the Role's `delete`)."""
     require_module("ray")
     require_module("xfuser")
     from operator_harness import OperatorProcess, create, tiny_job, wait_phase
@@ -291,7 +294,8 @@ def test_operator_runs_a_job_under_the_charts_rbac_and_inventory(full_cluster, h
     system, jobs = full_namespaces(), full_namespaces()
     root = Path(tempfile.mkdtemp(prefix="vj-chart-", dir="/tmp"))  # the pod's filesystem
     try:
-        with installed(helm, system, ["-f", str(EMBEDDED_VALUES), "--set", f"watch.namespaces={{{jobs}}}"]):
+        with installed(helm, system, ["-f", str(EMBEDDED_VALUES), "--set", f"watch.namespaces={{{jobs}}}",
+                                      "--set", f"operator.settings.sweepIntervalS={SWEEP_S}"]):
             deployment = full_cluster.get_json("deployment", RELEASE, "-n", system)
             pod = deployment["spec"]["template"]["spec"]
             account = full_cluster.get_json("serviceaccount", pod["serviceAccountName"], "-n", system)
@@ -313,10 +317,19 @@ def test_operator_runs_a_job_under_the_charts_rbac_and_inventory(full_cluster, h
 
             with OperatorProcess(full_cluster, jobs, root / "work", env, kubeconfig=kubeconfig) as operator:
                 try:
-                    create(full_cluster, jobs, tiny_job("chart-tiny", steps=2))
+                    doc = tiny_job("chart-tiny", steps=2)
+                    doc["spec"]["ttlSecondsAfterFinished"] = EXPIRE_AFTER_S
+                    create(full_cluster, jobs, doc)
                     obj = wait_phase(full_cluster, jobs, "chart-tiny", {"Succeeded", "Failed"}, timeout=300)
                     assert obj["status"]["phase"] == "Succeeded", (obj["status"].get("message"),
                                                                    operator.log()[-3000:])
+                    # Expired: the operator's sweeper deletes it, as the chart's ServiceAccount (its
+                    # Role must grant `delete` on videojobs); nothing else here deletes it.
+                    wait_for("the operator to delete chart-tiny past its ttlSecondsAfterFinished",
+                             lambda: not full_cluster.kubectl("get", "vj", "chart-tiny", "-n", jobs,
+                                                              check=False).returncode == 0,
+                             timeout=EXPIRE_AFTER_S + 3 * SWEEP_S + 30)
+                    assert "past its ttlSecondsAfterFinished; deleted" in operator.log(), operator.log()[-3000:]
                 finally:
                     # While the operator runs, so that its finalizer lets go (else the namespace hangs).
                     gone = full_cluster.kubectl("delete", "vj", "--all", "-n", jobs, "--wait=true", "--timeout=60s",

@@ -284,6 +284,9 @@ def test_a_kept_group_is_reused_by_the_next_job_then_torn_down_by_name(cluster):
     assert third["groupReused"] is False and third["loads"] == 1 and len(third["collectivesPerRank"]) == 1
     left = _left(cluster, group)
     assert [a.split(":")[0] for a in left["actors"]] == [f"{group}-rank0"], left
+    # The operator's teardown wait sees it, asking Ray for this group's rows only.
+    asked = _present_asking(cluster.client, group)
+    assert asked[0] is True and all(filters for _, filters in asked[1]), asked
 
     sid = f"vj-teardown-{uuid.uuid4().hex[:8]}"
     assert cluster.client.submit(sid, teardown_entrypoint(group, world=2, python=PY))
@@ -291,7 +294,37 @@ def test_a_kept_group_is_reused_by_the_next_job_then_torn_down_by_name(cluster):
     result = result_of(logs)
     assert job.status == "SUCCEEDED" and result and result["ok"], logs[-4000:]
     assert result["removed"]["actors"] == [f"{group}-rank0"] and result["removed"]["placementGroup"] is True
+    # What the operator reads of a running driver: the log's last lines, from Ray's log
+    # agent (not the whole log by the Jobs API, which log_tail falls back to: refused here).
+    cluster.client.logs = None
+    try:
+        assert cluster.client.log_tail(sid, 2, job.driver_node_id).splitlines() == logs.splitlines()[-2:], \
+            logs[-2000:]
+    finally:
+        del cluster.client.logs
+    assert cluster.client.log_tail(f"vj-never-{uuid.uuid4().hex[:8]}", 2, job.driver_node_id) == ""
     _assert_clean(cluster, group)
+    gone = _present_asking(cluster.client, group)
+    assert gone[0] is False and all(filters for _, filters in gone[1]), gone
+    never = _present_asking(cluster.client, f"vj-{uuid.uuid4()}")
+    assert never[0] is False and all(filters for _, filters in never[1]), never
+
+
+def _present_asking(client: HttpRayClient, group: str) -> tuple[bool, list[tuple[str, list]]]:
+    """``present(client, group)`` and the State API listings it made: (kind, filters)."""
+    from videojob.controller.groups import present
+
+    asked, listing = [], client._list
+
+    def recording(kind, filters):
+        asked.append((kind, [f for f in filters if f[0] != "state"]))
+        return listing(kind, filters)
+
+    client._list = recording
+    try:
+        return present(client, group), asked
+    finally:
+        del client._list
 
 
 def test_stop_mid_run_cancels_and_tears_the_group_down_within_seconds(cluster):

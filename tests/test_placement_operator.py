@@ -100,6 +100,7 @@ class ScriptedRay:
 
     def __post_init__(self):
         self.lock = threading.Lock()
+        self.reads: list[tuple[str, str, str]] = []  # (logs or tail, submission id, its status then)
 
     def version(self) -> dict[str, Any]:
         return {"ray_version": "scripted"}
@@ -156,10 +157,18 @@ class ScriptedRay:
         status, _ = self._state(driver)
         return RayJob(submission_id, status, metadata=driver.metadata)
 
-    def logs(self, submission_id: str) -> str:
+    def _read(self, kind: str, submission_id: str) -> str:
         with self.lock:
             driver = self.drivers.get(submission_id)
-        return self._state(driver)[1] if driver else ""
+        status, logs = self._state(driver) if driver else ("", "")
+        self.reads.append((kind, submission_id, status))
+        return logs
+
+    def logs(self, submission_id: str) -> str:
+        return self._read("logs", submission_id)
+
+    def log_tail(self, submission_id: str, lines: int, node_id: str | None = None) -> str:
+        return "\n".join(self._read("tail", submission_id).splitlines()[-lines:])
 
     def jobs(self) -> list[RayJob]:
         return [j for j in (self.job(sid) for sid in list(self.drivers)) if j is not None]
@@ -175,10 +184,13 @@ class ScriptedRay:
         with self.lock:
             return self.drivers.pop(submission_id, None) is not None
 
-    def actors(self, name_prefix: str = "", alive_only: bool = True) -> list[dict[str, Any]]:
-        return [a for a in self.live_actors if a["name"].startswith(name_prefix)]
+    def actors(self, name_prefix: str = "", alive_only: bool = True,
+               where: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        return [a for a in self.live_actors if a["name"].startswith(name_prefix)
+                and all(a.get(k) == v for k, v in (where or {}).items())]
 
-    def placement_groups(self, name_prefix: str = "", live_only: bool = True) -> list[dict[str, Any]]:
+    def placement_groups(self, name_prefix: str = "", live_only: bool = True,
+                         where: dict[str, str] | None = None) -> list[dict[str, Any]]:
         return []
 
     def attempts(self) -> list[_Driver]:
@@ -327,6 +339,10 @@ def test_a_driver_that_waited_then_runs_no_longer_says_it_waits(run_with):
     after = messages[first_wait + 1:]
     assert after and "its driver waits" not in after[0], messages
     assert any(m.startswith("attempt 1: running (denoise)") or "ready" in m for m in after[:-1]), messages
+    # While it ran, only the log's last lines were read; the whole log once, at its end.
+    reads = [(kind, status) for kind, sid, status in ray.reads if not sid.startswith("vj-teardown")]
+    assert ("tail", "RUNNING") in reads, reads
+    assert [status for kind, status in reads if kind == "logs"] == ["SUCCEEDED"], reads
 
 
 def test_waiting_for_the_driver_and_for_a_node_is_shown_in_status(run_with):

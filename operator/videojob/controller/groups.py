@@ -63,7 +63,19 @@ def groups_in_ray(ray: RayClient) -> dict[str, int]:
 
 
 def present(ray: RayClient, group: str) -> bool:
-    return bool(ray.actors(f"{group}-rank") or ray.placement_groups(f"{group}-pg"))
+    """Whether ``group`` still has a placement group or a live rank, asking Ray for this
+    group's rows only (its placement group by name, then the live actors in it): teardown
+    waits poll this, and a listing of every actor in a busy cluster per poll would load
+    the dashboard with the cluster's size. A group whose placement group Ray no longer
+    lists at all (never made, or forgotten) is looked for by its rank 0's name (a rank
+    left without both is an orphan for the sweeper's whole listing, ``groups_in_ray``)."""
+    pgs = ray.placement_groups(live_only=False, where={"name": f"{group}-pg"})
+    if any(pg.get("state") != "REMOVED" for pg in pgs):
+        return True
+    ids = {pg.get("placement_group_id") for pg in pgs} - {None, ""}
+    if ids:
+        return any(ray.actors(f"{group}-rank", where={"placement_group_id": pg_id}) for pg_id in sorted(ids))
+    return bool(ray.actors(where={"name": f"{group}-rank0"}))
 
 
 @dataclass(frozen=True)

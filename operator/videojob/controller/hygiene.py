@@ -184,9 +184,10 @@ def owner_namespace(ray: RayClient, group: str, uid: str | None) -> str | None:
     book = ledger(ray)
     if uid is not None and uid in book.namespaces:
         return book.namespaces[uid]
-    job_ids = [pg.get("creator_job_id") for pg in ray.placement_groups(f"{group}-pg")]
-    if not any(job_ids):
-        job_ids = [a.get("job_id") for a in ray.actors(f"{group}-rank")]
+    job_ids = [pg.get("creator_job_id") for pg in ray.placement_groups(where={"name": f"{group}-pg"})]
+    if not any(job_ids):  # rank 0 by name, then (rank 0 gone) any rank of the group
+        job_ids = ([a.get("job_id") for a in ray.actors(where={"name": f"{group}-rank0"})]
+                   or [a.get("job_id") for a in ray.actors(f"{group}-rank")])
     job_id = next((j for j in job_ids if j), None)
     job = ray.job(job_id) if job_id else None
     if (job is None or job.metadata.get(UID_KEY) != uid) and uid is not None:

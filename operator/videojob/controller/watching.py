@@ -3,7 +3,8 @@
 Mixed into ``JobLifecycle``: ``_watch`` polls the driver's Ray job (from the
 shared job table: one read of Ray's table per interval for every running job)
 until it ends, and reads its log only when there is news to show (at most every
-``progress_interval_s``) and at its end. On the way it shows, each only when it changed and at
+``progress_interval_s``: the last ``LOG_TAIL_LINES`` lines, so a poll costs the
+same however long the log) and, whole, once at its end. On the way it shows, each only when it changed and at
 most every ``progress_interval_s``:
 
 - a driver whose Ray job is still PENDING while drivers need resources
@@ -27,6 +28,7 @@ from ..api.status import ConditionType, Phase, Reason
 from ..driver_protocol import records
 from ..raycluster.client import RayJob
 
+LOG_TAIL_LINES = 200  # a running driver's last lines read for its progress (one record a step; others between)
 PLACEMENT_REASONS = {"waiting-for-node": Reason.WAITING_FOR_NODE, "waiting-for-room": Reason.WAITING_FOR_PLACEMENT}
 
 
@@ -50,11 +52,14 @@ class Watching:
             if ray_job is None:
                 return None
             clock = time.monotonic()
-            # The whole log only when it is read: at the end, or when progress is due to be shown.
+            # The log only when it is read: its last lines when progress is due to be shown,
+            # the whole of it once, at the end (the result).
             due = clock - last_write >= self.ctx.settings.progress_interval_s
             logs = ""
-            if ray_job.terminal or (ray_job.status != "PENDING" and due):
+            if ray_job.terminal:
                 logs = self._ray(stopped, lambda: self.ctx.ray.logs(sid), Phase.RUNNING.value)
+            elif ray_job.status != "PENDING" and due:
+                logs = self._ray(stopped, lambda: self.ctx.ray.log_tail(sid, LOG_TAIL_LINES, ray_job.driver_node_id), Phase.RUNNING.value)
             if ray_job.terminal:
                 if waiting:  # it ended between two looks: the wait it showed is over
                     self._show_latest(attempt, logs, waiting)
