@@ -70,6 +70,9 @@ class StandIn:
     def shown_place(self) -> int | None:
         return self.shown
 
+    def parked_workload(self) -> None:  # kueue mode's park (none here)
+        return None
+
     def run(self, stopped: threading.Event, park: bool = False) -> bool:
         self.runs += 1
         self.threads_seen.add(threading.get_ident())

@@ -112,3 +112,43 @@ def test_preemption_and_release_by_the_owner(kq, kube_cluster, namespace):
     owner.requeue(namespace, "low")  # a stale look at the eviction must not undo the new admission
     assert kq.conditions(namespace, "low")["Admitted"]["status"] == "True"
     assert "admission" in kq.get_workload(namespace, "low")["status"]
+
+
+def test_the_workload_watch_wakes_a_parked_job_when_its_workload_changes(kq, kube_cluster, namespace):
+    """kueue mode's parked jobs hold no thread: the operator's Workload watch
+    (``WorkloadCache.listen``) wakes one when its own Workload changes (here, Kueue
+    admits it), not for another's, and stops waking it once it stops listening."""
+    import threading
+
+    from kubernetes import config as k8s_config
+
+    from helpers import wait_for
+    from videojob.kueue import KueueApi
+
+    _queue(kq, namespace)
+    api = KueueApi(k8s_config.new_client_from_config(config_file=str(kube_cluster.kubeconfig)), [namespace])
+    try:
+        wait_for("the Workload watch to list", lambda: api.cache.synced(namespace), timeout=30)
+        woken = {"mine": threading.Event(), "other": threading.Event()}
+        api.cache.listen(namespace, "mine", woken["mine"].set)
+        api.cache.listen(namespace, "other", woken["other"].set)
+        kq.workload(namespace, "mine", "lq", {"cpu": 1, GPU: 1})
+        # Only the operator's Workloads are watched (its label): this one becomes one.
+        kube_cluster.kubectl("label", f"workloads.{GROUP}", "mine", "-n", namespace,
+                             "app.kubernetes.io/managed-by=videojob-operator")
+        assert woken["mine"].wait(30), "the watch did not wake the listener of the Workload that changed"
+        assert not woken["other"].is_set(), "another Workload's listener was woken"
+        kq.wait_condition(namespace, "mine", "Admitted")
+        wait_for("the cache to hold the admitted Workload", lambda: any(
+            c["type"] == "Admitted" and c["status"] == "True"
+            for c in ((api.cache.get(namespace, "mine")[1] or {}).get("status") or {}).get("conditions") or []),
+            timeout=30)
+        api.cache.unlisten(namespace, "mine")
+        woken["mine"].clear()
+        kube_cluster.kubectl("label", f"workloads.{GROUP}", "mine", "-n", namespace, "touched=1")
+        wait_for("the cache to see the new label", lambda: ((api.cache.get(namespace, "mine")[1] or {})
+                                                          .get("metadata", {}).get("labels") or {}).get("touched"),
+                 timeout=30)
+        assert not woken["mine"].is_set(), "a listener that stopped listening was woken"
+    finally:
+        api.cache.stop()

@@ -11,6 +11,8 @@ server hold: every Workload Finished, one per attempt, none left running.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import threading
 from typing import Any
@@ -32,8 +34,44 @@ STEPS = 8
 RANK = {"cpu": "500m", "memory": "64Gi"}  # one CPU rank's Workload: 0.5 CPU, half a 2-rank pod's 16Gi (8Gi) fits
 
 
+class _Daemon:
+    """A job on the operator's job runner as kopf runs it (an async daemon on an event
+    loop; parked jobs hold no thread), seen as InProcess sees a lifecycle's thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, runner, lifecycle):
+        self.loop = loop
+        self.event = asyncio.run_coroutine_threadsafe(self._event(), loop).result(10)
+        self.future = asyncio.run_coroutine_threadsafe(runner.run(lifecycle, self), loop)
+
+    @staticmethod
+    async def _event() -> asyncio.Event:
+        return asyncio.Event()
+
+    async def wait(self) -> None:  # kopf's daemon flag
+        await self.event.wait()
+
+    def set(self) -> None:
+        self.loop.call_soon_threadsafe(self.event.set)
+
+    def join(self, timeout: float) -> None:
+        try:
+            self.future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            pass
+
+    def is_alive(self) -> bool:
+        return not self.future.done()
+
+
 class Teams(InProcess):
-    """The in-process operator over several namespaces (lifecycles keyed ns/name)."""
+    """The in-process operator over several namespaces (lifecycles keyed ns/name), each
+    job run by the operator's job runner on an event loop, as kopf's daemons run them:
+    a job whose Workload waits parks without a thread and its Workload's watch wakes it."""
+
+    def start(self) -> "Teams":
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="teams-loop", daemon=True).start()
+        return super().start()
 
     def create_in(self, namespace: str, doc: dict) -> dict:
         obj = create(self.cluster, namespace, doc)
@@ -43,10 +81,13 @@ class Teams(InProcess):
     def run_in(self, namespace: str, name: str) -> None:
         obj = videojob(self.cluster, namespace, name)
         lifecycle = self.controller.lifecycle(namespace, name, obj["metadata"]["uid"])
-        stopped = threading.Event()
-        thread = threading.Thread(target=lifecycle.run, args=(stopped,), name=f"lifecycle-{name}", daemon=True)
-        thread.start()
-        self.threads[f"{namespace}/{name}"] = (thread, stopped)
+        daemon = _Daemon(self.loop, self.controller.runner, lifecycle)
+        self.threads[f"{namespace}/{name}"] = (daemon, daemon)
+
+    def stop(self) -> None:
+        super().stop()
+        if getattr(self, "loop", None) is not None:
+            self.loop.call_soon_threadsafe(self.loop.stop)
 
     def wait_in(self, namespace: str, name: str, timeout: float = 600) -> dict:
         thread, _ = self.threads[f"{namespace}/{name}"]
@@ -172,6 +213,9 @@ def test_priority_preempts_an_oversized_job_says_so_deletion_and_restart_lose_no
             "status") or {}).get("phase") == "Queued" and "maximum capacity" in s.get("message", "") and s,
             timeout=120)
         assert said["message"].startswith("waiting for Kueue (LocalQueue tiny"), said["message"]
+        # It waits parked: no thread of the runner is its until its Workload changes.
+        wait_for("`big` to wait for its Workload parked (no thread)", lambda: op.controller.runner.parked == 1,
+                 timeout=30)
         admitted = {c["type"]: c for c in said["conditions"]}["Admitted"]
         assert admitted["status"] == "False" and admitted["reason"] == "KueuePending", admitted
         # A low job runs; a high one preempts it (withinClusterQueue: LowerPriority).

@@ -16,7 +16,7 @@ import logging
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
@@ -156,6 +156,7 @@ class WorkloadCache:
         self._synced: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._listeners: dict[tuple[str, str], Callable[[], None]] = {}
 
     def start(self) -> "WorkloadCache":
         for namespace in self.namespaces:
@@ -172,6 +173,31 @@ class WorkloadCache:
         with self._lock:
             item = self._items.get((namespace, name))
             return (item is not None, item)
+
+    def synced(self, namespace: str) -> bool:
+        """Whether the watch of ``namespace`` (or of every one: "") has listed."""
+        with self._lock:
+            return namespace in self._synced
+
+    def listen(self, namespace: str, name: str, wake: Callable[[], None]) -> None:
+        """``wake()`` at the next change of that Workload the watch sees (and after each
+        relist of its namespace, which may have missed some): a job waiting for Kueue
+        parks without a thread and is called again only then."""
+        with self._lock:
+            self._listeners[(namespace, name)] = wake
+
+    def unlisten(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._listeners.pop((namespace, name), None)
+
+    def _wake(self, keys) -> None:
+        with self._lock:
+            wakes = [self._listeners[k] for k in keys if k in self._listeners]
+        for wake in wakes:
+            try:
+                wake()
+            except Exception:  # noqa: BLE001 - a listener's loop closed (shutdown): nothing to wake
+                log.debug("a Workload listener failed", exc_info=True)
 
     def _run(self, namespace: str) -> None:
         from kubernetes import watch
@@ -190,6 +216,8 @@ class WorkloadCache:
                     for item in listed.get("items", []):
                         self._items[(item["metadata"]["namespace"], item["metadata"]["name"])] = item
                     self._synced.add(namespace)
+                    relisted = [k for k in self._listeners if not namespace or k[0] == namespace]
+                self._wake(relisted)
                 version = listed["metadata"]["resourceVersion"]
                 kwargs = dict(label_selector=selector, resource_version=version, timeout_seconds=300,
                               allow_watch_bookmarks=True)
@@ -210,6 +238,7 @@ class WorkloadCache:
                             self._items.pop(key, None)
                         else:
                             self._items[key] = obj
+                    self._wake([key])
             except Exception:  # noqa: BLE001 - the API server away: list again shortly; jobs ask it meanwhile
                 log.warning("the watch of Workloads in %s stopped; listing again", namespace or "every namespace",
                             exc_info=True)

@@ -177,7 +177,9 @@ class OperatorSettings(BaseSettings):
         default="default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
         description="kueue mode: the LocalQueue of jobs without spec.queueName (in their namespace).")
     kueue_poll_interval_s: float = Field(
-        default=2.0, gt=0, description="kueue mode: seconds between looks at a Workload (pending or admitted).")
+        default=2.0, gt=0, description="kueue mode: seconds between looks at a running job's Workload (evicted?); "
+                                       "a waiting job parks and is woken by the Workload watch when its Workload "
+                                       "changes (at least every 60 s; every this many seconds without a watch).")
     allow_fault_injection: bool = Field(
         default=False, description="Honour the videojob.io/inject-fault annotation (tests only: it makes a job "
                                    "fail on purpose).")

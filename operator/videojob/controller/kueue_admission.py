@@ -8,6 +8,8 @@ re-planned for that class. ``_kueue_eviction`` is how a running attempt
 learns that Kueue evicted or preempted it (it then stops as a preempted
 attempt does: a checkpoint first). ``_kueue_release`` marks the job's
 Workloads Finished once an attempt has ended, so Kueue frees their quota.
+Run parked (the job runner), a job whose Workload waits raises ``Parked``:
+it holds no thread until the Workload watch sees that Workload change.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..api import VideoJob
 from ..api.status import ConditionType, Phase, Reason
 from ..kueue import class_of_flavor, read_workload, workload_for
 from ..scheduling import Admission
+from .context import Parked
 from .kube import with_retries
 
 log = logging.getLogger("videojob.controller")
@@ -35,14 +38,22 @@ class KueueQueueing:
         number = len(self.book.status.get("attempts") or []) + 1
         queue = job.spec.queue_name or settings.kueue_default_queue
         priority = job.spec.resources.priority
-        self._kueue_call(stopped, lambda: kueue.ensure_priority_class(priority), "WorkloadPriorityClass")
-        shown = None
+        # Back from a park: the Workload it waits for is there, and so is its priority class.
+        parked, self._kueue_parked = self._kueue_parked, None
+        if parked is None:
+            self._kueue_call(stopped, lambda: kueue.ensure_priority_class(priority), "WorkloadPriorityClass")
+        shown, self._kueue_shown = self._kueue_shown, None
         while True:
             body = workload_for(namespace=self.namespace, name=self.name, uid=self.uid, attempt=number, plan=plan,
                                 queue=queue, priority=priority, inventory=self.ctx.inventory,
                                 cpus_per_rank=settings.cpus_per_rank)
             name = body["metadata"]["name"]
-            wl = self._kueue_call(stopped, lambda: kueue.create(body), f"Workload {name}")
+            wl = None
+            if parked is not None and parked[0] == name:  # read from the watch's cache, not made again
+                wl = self._kueue_call(stopped, lambda: kueue.get(self.namespace, name), f"Workload {name}")
+            parked = None
+            if wl is None:
+                wl = self._kueue_call(stopped, lambda: kueue.create(body), f"Workload {name}")
             state = read_workload(wl)
             while not state.admitted or state.evicted is not None:
                 if state.finished:  # finished before it ran (by hand): it goes, and one is made again
@@ -65,6 +76,11 @@ class KueueQueueing:
                     self.book.update(changes, event_message=event)
                     self._unwritten_plan = None
                     shown = message
+                if self.parking:  # the job runner wakes it when the Workload changes (its watch)
+                    version = (wl.get("metadata") or {}).get("resourceVersion")
+                    self._kueue_parked, self._kueue_shown, self._last_choice = (name, version), shown, choice
+                    self._parked_job = job
+                    raise Parked
                 self._wait(stopped, settings.kueue_poll_interval_s)
                 wl = self._kueue_call(stopped, lambda: kueue.get(self.namespace, name), f"Workload {name}")
                 if wl is None:  # deleted under us (by hand): a new one
@@ -94,6 +110,12 @@ class KueueQueueing:
                                         float(plan.get("estimatedSeconds") or 60.0), None, self._pool_key(job, plan))
             self._capacity_metrics()
             return Admission(self.key, klass_name, 0, int(plan["gpus"]), workload=name), plan
+
+    def parked_workload(self) -> tuple[str, str, str | None] | None:
+        """(namespace, name, the resourceVersion it last read) of the Workload the job
+        parked on waiting for Kueue; None when it did not park on one."""
+        parked = self._kueue_parked
+        return (self.namespace, parked[0], parked[1]) if parked is not None else None
 
     def _kueue_flavors(self, stopped, flavor: str | None) -> dict[str, dict[str, str]]:
         if not flavor or any(c.name == flavor for c in self.ctx.inventory.classes):

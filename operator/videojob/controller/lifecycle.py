@@ -66,6 +66,8 @@ class JobLifecycle(Queueing, KueueQueueing, Attempts, Watching, Endings, Deletio
         self.parking = False  # run(park=True): raise Parked rather than poll the queue
         self._parked_job: VideoJob | None = None  # the parsed job, kept while parked (no reread)
         self._queue_shown: tuple[float, int | None] = (float("-inf"), None)  # (written at, place) while queued
+        self._kueue_parked: tuple[str, str | None] | None = None  # (Workload, resourceVersion) it parked on
+        self._kueue_shown: str | None = None  # the Kueue wait its status shows, kept while parked
 
     # -- helpers ---------------------------------------------------------------
 
@@ -149,7 +151,7 @@ class JobLifecycle(Queueing, KueueQueueing, Attempts, Watching, Endings, Deletio
                 with self.submit_lock:
                     self.ctx.admissions.cancel(self.key)
                 self._capacity_metrics()
-        self._parked_job = None
+        self._parked_job = self._kueue_parked = None
         return False
 
     def _run(self, stopped) -> None:

@@ -54,7 +54,7 @@ class Controller:
         self.alive = threading.Event()
         self.health = Health(settings.health_stall_s)
         self.runner = JobRunner(self.admissions, settings.max_workers, settings.poll_interval_s,
-                                settings.queue_status_interval_s)
+                                settings.queue_status_interval_s, settings.kueue_poll_interval_s)
 
     def _ray_client(self) -> RayClient:
         settings = self.settings
@@ -83,6 +83,7 @@ class Controller:
 
             kueue = KueueApi(getattr(getattr(jobs, "api", None), "api_client", None) or api_client(),
                              self.settings.namespaces)
+        self.runner.workloads = kueue.cache if kueue is not None else None  # parked kueue jobs wake on its events
         self.ctx = Context(jobs=jobs, ray=ray, admissions=self.admissions, inventory=self.inventory,
                            settings=self.settings, metrics=self.metrics, event=self._event or _no_event, kueue=kueue,
                            job_table=JobTable(ray, self.settings.poll_interval_s))

@@ -18,9 +18,13 @@ coroutine waits without one for:
   ``max(queue_status_interval_s, poll_interval_s)``, so its status shows it;
 - its stop (deletion or shutdown): kopf's flag, mirrored to the thread's.
 
+In kueue admission mode a job whose Workload waits parks the same way and is
+woken by the Workload watch (``WorkloadCache.listen``) when that Workload
+changes, or after ``KUEUE_RECHECK_S`` at the latest (every
+``kueue_poll_interval_s`` where there is no watch).
+
 Deletion handlers run on kopf's own executor, which queued jobs no longer
-occupy. Kueue admission mode still waits for its Workload in the job's
-thread (its own wait, per ``kueue_poll_interval_s``).
+occupy.
 """
 
 from __future__ import annotations
@@ -41,8 +45,11 @@ log = logging.getLogger("videojob.controller")
 class JobRunner:
     """Runs lifecycles on ``threads`` threads at most; parked jobs hold none."""
 
-    def __init__(self, admissions: Admissions, threads: int, poll_interval_s: float, place_interval_s: float):
+    def __init__(self, admissions: Admissions, threads: int, poll_interval_s: float, place_interval_s: float,
+                 kueue_poll_interval_s: float = 5.0):
         self.admissions = admissions
+        self.workloads = None  # kueue.WorkloadCache in kueue mode with a watch (set at the operator's start)
+        self.kueue_poll_interval_s = kueue_poll_interval_s
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="videojob-job")
         self.poll_interval_s = poll_interval_s
         self.place_interval_s = max(place_interval_s, poll_interval_s)
@@ -81,6 +88,10 @@ class JobRunner:
         """Until the job is admitted, its place moved, or it is stopped."""
         key = lifecycle.key
         woken.clear()
+        workload = lifecycle.parked_workload()
+        if workload is not None:
+            await self._wait_for_workload(workload, loop, woken, flag)
+            return
         if not self.admissions.listen(key, lambda: loop.call_soon_threadsafe(woken.set)):
             return  # admitted already, or no longer queued: its lifecycle looks again
         shown = lifecycle.shown_place()  # the place its status shows (None: none yet)
@@ -106,8 +117,40 @@ class JobRunner:
             with self._lock:
                 self.parked -= 1
 
+    async def _wait_for_workload(self, workload: tuple[str, str, str | None], loop, woken: asyncio.Event,
+                                 flag: threading.Event) -> None:
+        """Until the Workload the job waits for changes (Kueue admitted, evicted or
+        deleted it), the recheck is due, or the job is stopped."""
+        namespace, name, seen = workload
+        cache = self.workloads
+        if cache is None:  # no watch: look again every poll interval
+            await self._sleep_unless(woken, self.kueue_poll_interval_s)
+            return
+        cache.listen(namespace, name, lambda: loop.call_soon_threadsafe(woken.set))
+        with self._lock:
+            self.parked += 1
+        try:
+            known, item = cache.get(namespace, name)
+            if known and (item is None or (item.get("metadata") or {}).get("resourceVersion") != seen):
+                return  # it changed between the job's last read and this listen
+            await self._sleep_unless(woken, max(KUEUE_RECHECK_S, self.kueue_poll_interval_s))
+        finally:
+            cache.unlisten(namespace, name)
+            with self._lock:
+                self.parked -= 1
+
+    @staticmethod
+    async def _sleep_unless(woken: asyncio.Event, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(woken.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            pass
+
     def stop(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+KUEUE_RECHECK_S = 60.0  # a parked kueue job looks at its Workload at least this often (a watch event lost)
 
 
 PASS_GAP_S = 0.1  # least seconds between two passes (a pass sorts the whole queue)
