@@ -9,7 +9,9 @@ hold their GPUs until released. What must hold:
 - priority order: as GPUs free one job's worth at a time, the waiting jobs
   start highest priority first, then first come first served;
 - a job deleted while queued is never admitted and its waiter ends;
-- queued jobs hold no thread: 300 of them park with the pool's threads idle.
+- queued jobs hold no thread: 300 of them park with the pool's threads idle;
+- a burst of new jobs is planned by at most ``STARTING_AT_ONCE`` threads at a
+  time (besides running jobs'), however large the pool.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 import pytest
 
 from videojob.controller.admission import Admissions
-from videojob.controller.runner import JobRunner, admission_loop
+from videojob.controller.runner import STARTING_AT_ONCE, JobRunner, admission_loop, worth_showing
 from videojob.inventory import parse_inventory
 from videojob.scheduling import Ask
 
@@ -66,6 +68,8 @@ class StandIn:
         self.release = threading.Event()
         self.runs = 0
         self.shown: int | None = None
+        self.think_s = 0.0  # how long its first look takes (planning, a status write)
+        self.on_admitted = None  # set by the runner, called past the queue (as JobLifecycle does)
 
     def shown_place(self) -> int | None:
         return self.shown
@@ -78,11 +82,15 @@ class StandIn:
         self.threads_seen.add(threading.get_ident())
         if stopped.is_set():
             return False
+        if self.runs == 1 and self.think_s:
+            time.sleep(self.think_s)
         admission, place, _ = self.admissions.request(self.ask, pass_now=not park)
         if admission is None:
             self.shown = place if place is not None else self.shown  # what a status write would show
             return True  # parked
         self.book.take(self.key, admission.gpus)
+        if self.on_admitted is not None:
+            self.on_admitted()
         while not (stopped.is_set() or self.release.wait(0.01)):
             pass
         with self.book.lock:
@@ -195,3 +203,46 @@ def test_queued_jobs_hold_no_thread(loop_thread):
     assert len(book.started) == 301 and book.peak == 4
     # Each job's lifecycle ran a few times at most (parked, woken by admission or a moved place).
     assert max(job.runs for job in queued) <= 40
+
+
+def test_a_burst_of_new_jobs_is_planned_by_a_bounded_number_of_threads():
+    """400 jobs arrive at once, each first look taking 20 ms, on a pool that may grow to
+    1,000 threads: at most STARTING_AT_ONCE of them look at a time (plus the running
+    holder's thread), so the pool stays that small (it grew to 1,761 threads at 10,000)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    admissions = Admissions(INVENTORY, idle_ttl_s=0)
+    alive = threading.Event()
+    alive.set()
+    threading.Thread(target=admission_loop, args=(admissions, alive, 0.02), daemon=True).start()
+    runner = JobRunner(admissions, threads=1000, poll_interval_s=0.02, place_interval_s=0.05)
+    try:
+        book, holder, holding = _held_pod(loop, admissions, runner)
+        burst = [StandIn(admissions, book, f"b{i}", 1, 0, i + 1) for i in range(400)]
+        for job in burst:
+            job.think_s = 0.02
+        started = [_start(loop, runner, job) for job in burst]
+        _wait("400 parked jobs", lambda: runner.parked == 400, timeout=120)
+        # Every thread this runner's pool made: the bound, the holder's, and a few more where
+        # a look was handed over before the thread that ended the last one said it was idle.
+        threads = len(runner.pool._threads)
+        assert threads <= STARTING_AT_ONCE + 8, f"{threads} threads for a burst of 400 jobs"
+        holder.release.set()
+        holding.result(timeout=10)
+        for job in burst:
+            job.release.set()
+        for _, future in started:
+            future.result(timeout=120)
+        assert len(book.started) == 401 and book.peak <= 4
+    finally:
+        alive.clear()
+        runner.stop()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+def test_places_are_shown_as_they_move_near_the_front_and_by_tenths_further_back():
+    assert worth_showing(5, 4) and worth_showing(100, 99) and worth_showing(101, 100)
+    assert not worth_showing(5000, 4999) and not worth_showing(5000, 4501)
+    assert worth_showing(5000, 4500) and worth_showing(5000, 6000)

@@ -64,6 +64,7 @@ class JobLifecycle(Queueing, KueueQueueing, Attempts, Watching, Endings, Deletio
         self._ray_was_down = False
         self._last_choice = None
         self.parking = False  # run(park=True): raise Parked rather than poll the queue
+        self.on_admitted = None  # the job runner's callback: this run got past the queue (see runner.py)
         self._parked_job: VideoJob | None = None  # the parsed job, kept while parked (no reread)
         self._queue_shown: tuple[float, int | None] = (float("-inf"), None)  # (written at, place) while queued
         self._kueue_parked: tuple[str, str | None] | None = None  # (Workload, resourceVersion) it parked on
@@ -189,6 +190,8 @@ class JobLifecycle(Queueing, KueueQueueing, Attempts, Watching, Endings, Deletio
                                             plan["gpus"], plan.get("estimatedSeconds") or 60.0,
                                             attempt.get("group"), self._pool_key(job, plan), self._ask(job, plan))
                 self._capacity_metrics()
+            if self.on_admitted is not None:  # from here the thread watches a running attempt
+                self.on_admitted()
             while True:
                 self._ensure_submitted(stopped, job, plan, attempt)
                 finished = self._watch(stopped, attempt)

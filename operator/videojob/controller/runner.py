@@ -15,7 +15,8 @@ coroutine waits without one for:
   scheduling pass per ``poll_interval_s`` when the books changed) wakes it
   through ``Admissions.listen``;
 - a move of its place in the queue, looked at every
-  ``max(queue_status_interval_s, poll_interval_s)``, so its status shows it;
+  ``max(queue_status_interval_s, poll_interval_s)``, so its status shows it
+  (beyond the first ``LIVE_PLACES`` places, a move of a tenth or more);
 - its stop (deletion or shutdown): kopf's flag, mirrored to the thread's.
 
 In kueue admission mode a job whose Workload waits parks the same way and is
@@ -25,6 +26,13 @@ changes, or after ``KUEUE_RECHECK_S`` at the latest (every
 
 Deletion handlers run on kopf's own executor, which queued jobs no longer
 occupy.
+
+Threads: a job holds one while it runs (its watch of the driver) and, briefly,
+while it plans, parks or is woken. The brief work is at most
+``STARTING_AT_ONCE`` jobs at a time (a job stops counting once it is past the
+queue, ``JobLifecycle.on_admitted``): 10,000 jobs created at once are planned
+and parked by that many threads, not one each (measured: 1,761 threads
+before this bound, benchmarks/results/operator_load_10k.json's history).
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ class JobRunner:
         self.place_interval_s = max(place_interval_s, poll_interval_s)
         self.parked = 0  # jobs waiting without a thread now (a gauge's source)
         self._lock = threading.Lock()
+        self._starting = asyncio.Semaphore(STARTING_AT_ONCE)  # jobs planning, parking or woken, at once
 
     async def run(self, lifecycle: JobLifecycle, stopped) -> None:
         """The job from wherever it is to its end, or until ``stopped`` (kopf's daemon flag)."""
@@ -70,10 +79,23 @@ class JobRunner:
         mirroring = asyncio.create_task(mirror(), name=f"stop-{lifecycle.key}")
         try:
             while not flag.is_set():
-                # In a copy of this coroutine's context: kopf.event (the phase events) finds
-                # kopf's posting queue through context variables, as in kopf's own executor.
-                parked = await loop.run_in_executor(self.pool, contextvars.copy_context().run, lifecycle.run,
-                                                    flag, True)
+                await self._starting.acquire()
+                held = [True]
+
+                def release() -> None:  # once: at the admission (from the thread) or at the return
+                    if held[0]:
+                        held[0] = False
+                        self._starting.release()
+
+                lifecycle.on_admitted = lambda: loop.call_soon_threadsafe(release)
+                try:
+                    # In a copy of this coroutine's context: kopf.event (the phase events) finds
+                    # kopf's posting queue through context variables, as in kopf's own executor.
+                    parked = await loop.run_in_executor(self.pool, contextvars.copy_context().run, lifecycle.run,
+                                                        flag, True)
+                finally:
+                    lifecycle.on_admitted = None
+                    release()
                 if not parked:
                     return
                 await self._wait_for_turn(lifecycle, loop, woken, flag)
@@ -102,8 +124,9 @@ class JobRunner:
             while not flag.is_set():
                 # Placed since it parked, or moved and due to be shown again (its lifecycle writes a
                 # place at most every queue_status_interval_s: earlier, it would only park again).
-                if self.admissions.place(key) not in (None, shown) and (
-                        shown is None or time.monotonic() - parked_at >= self.place_interval_s):
+                place = self.admissions.place(key)
+                if place not in (None, shown) and (shown is None or (
+                        time.monotonic() - parked_at >= self.place_interval_s and worth_showing(shown, place))):
                     return
                 try:
                     # Nothing shown yet: look again at the next pass; else at the place interval.
@@ -153,6 +176,19 @@ class JobRunner:
 KUEUE_RECHECK_S = 60.0  # a parked kueue job looks at its Workload at least this often (a watch event lost)
 
 
+LIVE_PLACES = 100  # queue places shown as they move; further back, moves of 10% or more
+
+
+def worth_showing(shown: int, place: int) -> bool:
+    """Whether a job whose status shows place ``shown`` is woken to show ``place``: near
+    the front at every move, further back only when it moved by a tenth. With 10,000
+    queued, each admission moves every place by one; a status write per job and move
+    would be thousands of writes a second (measured: the 10,000-job run then drained
+    at 2 jobs/s)."""
+    return place <= LIVE_PLACES or shown <= LIVE_PLACES or abs(place - shown) * 10 >= shown
+
+
+STARTING_AT_ONCE = 32  # jobs doing their brief work (plan, park, a wake) at once; running ones apart
 PASS_GAP_S = 0.1  # least seconds between two passes (a pass sorts the whole queue)
 
 
