@@ -31,7 +31,7 @@ Threads: a job holds one while it runs (its watch of the driver) and, briefly,
 while it plans, parks or is woken. The brief work is at most
 ``STARTING_AT_ONCE`` jobs at a time (a job stops counting once it is past the
 queue, ``JobLifecycle.on_admitted``): 10,000 jobs created at once are planned
-and parked by that many threads, not one each (measured: 1,761 threads
+and parked by that many threads, not one each (measured: 2,118 threads
 before this bound, benchmarks/results/operator_load_10k.json's history).
 """
 
