@@ -32,7 +32,7 @@ while it plans, parks or is woken. The brief work is at most
 ``STARTING_AT_ONCE`` jobs at a time (a job stops counting once it is past the
 queue, ``JobLifecycle.on_admitted``): 10,000 jobs created at once are planned
 and parked by that many threads, not one each (measured: 2,118 threads
-before this bound, benchmarks/results/operator_load_10k.json's history).
+at 10,000 jobs before this bound; docs/scheduling.md).
 """
 
 from __future__ import annotations
