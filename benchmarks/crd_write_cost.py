@@ -22,7 +22,6 @@ import concurrent.futures
 import copy
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import write_result  # noqa: E402
-from operator_load import CRD_FILE, PLURAL, VERSION, Cluster, api_for, cpu_seconds, manifests  # noqa: E402
+from loadkit import CRD_FILE, PLURAL, VERSION, Cluster, api_for, cpu_seconds, manifests  # noqa: E402
 
 GUARD = re.compile(r"^oldSelf\.hasValue\(\) \|\| \((.*)\)$", re.S)
 

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import REPO, write_result  # noqa: E402
 from fake_ray import proc_status  # noqa: E402
-from operator_load import (CRD_FILE, INVENTORY, RBAC_RULES, SERVICE_ACCOUNT, Cluster, Operator,  # noqa: E402
+from loadkit import (CRD_FILE, INVENTORY, RBAC_RULES, SERVICE_ACCOUNT, Cluster, Operator,  # noqa: E402
                            api_for, create_all, manifests)
 
 sys.path.insert(0, str(REPO / "hack" / "cluster"))

@@ -11,7 +11,8 @@ hold their GPUs until released. What must hold:
 - a job deleted while queued is never admitted and its waiter ends;
 - queued jobs hold no thread: 300 of them park with the pool's threads idle;
 - a burst of new jobs is planned by at most ``STARTING_AT_ONCE`` threads at a
-  time (besides running jobs'), however large the pool.
+  time (besides running jobs'), however large the pool; waiting for one, an
+  admitted job goes first, then new jobs, then place moves (``Gate``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import time
 import pytest
 
 from videojob.controller.admission import Admissions
-from videojob.controller.runner import STARTING_AT_ONCE, JobRunner, admission_loop, worth_showing
+from videojob.controller.runner import (MOVED, NEW, PASS_GAP_S, PASS_SHARE, STARTING_AT_ONCE, WOKEN, Gate, JobRunner,
+                                        admission_loop, pass_gap, worth_showing)
 from videojob.inventory import parse_inventory
 from videojob.scheduling import Ask
 
@@ -243,3 +245,49 @@ def test_places_are_shown_as_they_move_near_the_front_and_by_tenths_further_back
     assert worth_showing(5, 4) and worth_showing(100, 99) and worth_showing(101, 100)
     assert not worth_showing(5000, 4999) and not worth_showing(5000, 4501)
     assert worth_showing(5000, 4500) and worth_showing(5000, 6000)
+
+
+def test_the_gate_serves_admitted_jobs_before_new_ones_and_new_ones_before_place_moves():
+    """With the gate's slots taken, waiters are served by turn (WOKEN, NEW, MOVED), then in
+    arrival order; a waiter cancelled while it waits, or as a slot was handed to it, loses
+    no slot."""
+
+    async def scenario() -> list[str]:
+        gate, served = Gate(1), []
+        await gate.acquire(NEW)  # the one slot, taken
+
+        async def waiter(name: str, turn: int) -> None:
+            await gate.acquire(turn)
+            served.append(name)
+            await asyncio.sleep(0)
+            gate.release()
+
+        tasks = [asyncio.create_task(waiter(name, turn)) for name, turn in (
+            ("moved-1", MOVED), ("new-1", NEW), ("new-2", NEW), ("woken-1", WOKEN), ("moved-2", MOVED),
+            ("woken-2", WOKEN))]
+        doomed = asyncio.create_task(waiter("cancelled", WOKEN))
+        await asyncio.sleep(0.01)  # every waiter queued at the gate
+        assert gate.waiting() == (3, 2, 2)
+        doomed.cancel()
+        gate.release()  # the slot goes to woken-1, then each releaser hands it on
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+        assert gate.free == 1 and gate.waiting() == (0, 0, 0), "a slot leaked"
+        # Handed over and cancelled before it ran: the slot moves on, not lost.
+        await gate.acquire(NEW)
+        late = asyncio.create_task(gate.acquire(NEW))
+        await asyncio.sleep(0.01)
+        gate.release()
+        late.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await late
+        assert gate.free == 1, "the slot handed to a cancelled waiter was lost"
+        return served
+
+    assert asyncio.run(scenario()) == ["woken-1", "woken-2", "new-1", "new-2", "moved-1", "moved-2"]
+
+
+def test_passes_are_spaced_out_when_they_are_slow():
+    assert pass_gap(0.001, 1.0) == PASS_GAP_S  # a short queue: the least gap
+    assert pass_gap(0.3, 1.0) == pytest.approx(0.3 * (1 - PASS_SHARE) / PASS_SHARE)  # passes <= PASS_SHARE of a CPU
+    assert pass_gap(5.0, 1.0) == 1.0  # never past the poll interval
+    assert pass_gap(0.001, 0.05) == 0.05  # a test's short interval is kept

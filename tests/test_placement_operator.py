@@ -20,7 +20,8 @@ per attempt. What is checked:
   ProtocolIncompatible and no retry (a 1.1 driver's refusal, and a 1.0
   driver's "Extra inputs are not permitted");
 - every driver the operator submits, attempts' and teardowns', asks for the
-  driver resources (VIDEOJOB_DRIVER_RESOURCES).
+  driver resources (VIDEOJOB_DRIVER_RESOURCES);
+- a restarted operator's queued job writes its place only once it has moved.
 """
 
 from __future__ import annotations
@@ -400,3 +401,36 @@ def test_teardown_drivers_ask_for_the_driver_resources_too(run_with):
     teardowns = [d for d in ray.drivers.values() if "--teardown" in d.entrypoint]
     assert len(teardowns) == 1 and f"--teardown {orphan}" in teardowns[0].entrypoint, teardowns
     assert teardowns[0].resources == DRIVER_RESOURCES, teardowns[0]
+
+
+def test_a_restarted_operators_queued_job_rewrites_its_place_only_once_it_moved(run_with):
+    """Jobs a stopped operator left Queued at a place: the new operator's lifecycle
+    parks each without a status write while its place is the one shown (a restart with
+    10,000 queued jobs wrote 10,000 statuses), and writes the new place once it moved."""
+    from videojob.api import parse_videojob
+    from videojob.controller.lifecycle import JobLifecycle
+    from videojob.planner.classes import plan_classes
+
+    run = run_with(ScriptedRay(lambda n, req: Script(succeeded(req))))
+    books = run.controller.admissions
+    books.running(f"{run.namespace}/holder", CLASS, 2, 600.0, None, "pool")  # the class is full
+    lifecycles = {}
+    for name, shown in (("same", 1), ("moved", 3)):
+        obj = create(run.cluster, run.namespace, tiny_job(name))
+        plan = JobLifecycle._plan_status(plan_classes(parse_videojob(obj).spec, run.controller.inventory))
+        run.controller.ctx.jobs.patch_status(run.namespace, name, {
+            "phase": "Queued", "plan": plan, "queue": {"position": shown, "waitingFor": "2 free GPUs"},
+            "message": "waiting for 2 free GPUs"})
+        lifecycles[name] = run.controller.lifecycle(run.namespace, name, obj["metadata"]["uid"])
+    run.patches.clear()
+    stopped = threading.Event()
+    for name in ("same", "moved"):  # asked in this order: places 1 and 2
+        assert lifecycles[name].run(stopped, park=True), f"{name} did not park"
+    books.tick()
+    assert (books.place(f"{run.namespace}/same"), books.place(f"{run.namespace}/moved")) == (1, 2)
+    for name in ("same", "moved"):  # woken as the job runner wakes them to show a place
+        assert lifecycles[name].run(stopped, park=True), f"{name} did not park again"
+    written = [p for p, _ in run.patches]
+    assert [p.get("queue", {}).get("position") for p in written] == [2], \
+        f"only `moved` rewrites its place, to 2: {written}"
+    assert lifecycles["same"].shown_place() == 1 and lifecycles["moved"].shown_place() == 2

@@ -40,6 +40,7 @@ class Admissions:
         self._models: dict[str, str] = {}  # idle group -> model, for the pool metrics
         self._dirty, self._last_pass = True, float("-inf")
         self._places: dict[str, int] = {}
+        self._queued_by_class: dict[str, int] = {}  # at the last pass (counting costs O(queue))
         self._preempting: dict[str, Preemption] = {}  # victim -> why, until it is admitted again
         self._listeners: dict[str, Callable[[], None]] = {}  # parked job -> wake it (admitted)
         self._changed = threading.Event()  # the books changed: the admission loop's cue
@@ -91,6 +92,10 @@ class Admissions:
             self._log("preempting", p.victim, p.klass,
                       f"for={p.for_key} pod={p.pod} gpus={p.gpus} lostGPUSeconds={p.lost_gpu_seconds:.0f}")
         self._places = self.scheduler.places()
+        counts: dict[str, int] = {}
+        for ask in self.scheduler.waiting.values():
+            counts[ask.klass] = counts.get(ask.klass, 0) + 1
+        self._queued_by_class = counts
 
     # -- the admission loop (parked jobs) -------------------------------------
 
@@ -249,6 +254,9 @@ class Admissions:
             return dict(self.scheduler.idle)
 
     def snapshot(self) -> dict[str, Any]:
+        """The books in numbers, O(classes + idle groups): every job calls it when they
+        change (the per-class queue counts are the last pass's; a sum over the queue per
+        call was a tenth of the operator's CPU with 5,000 queued)."""
         with self._lock:
             s = self.scheduler
             per_class = {}
@@ -257,7 +265,7 @@ class Admissions:
                 used = s.allocated(c.name)
                 per_class[c.name] = {"capacity": cap, "allocated": used, "free": cap - used,
                                      "idle": s.idle_gpus(c.name),
-                                     "queued": sum(1 for a in s.waiting.values() if a.klass == c.name)}
+                                     "queued": self._queued_by_class.get(c.name, 0)}
             models: dict[str, int] = {}
             for group in s.idle:
                 model = self._models.get(group, "unknown")

@@ -98,10 +98,15 @@ def build_registry(settings: OperatorSettings, controller: Controller | None = N
         controller.stop()
 
     @kopf.daemon(API_GROUP, API_VERSION, PLURAL, registry=registry, cancellation_timeout=5, backoff=5)
-    async def lifecycle(stopped: kopf.DaemonStopped, namespace: str, name: str, uid: str, **_: Any) -> None:
+    async def lifecycle(stopped: kopf.DaemonStopped, namespace: str, name: str, uid: str, status: dict,
+                        **_: Any) -> None:
         # A coroutine, not a thread: the job runner lends it a thread only while it has work
         # (a queued job waits without one; controller/runner.py).
+        if not controller.needs_lifecycle(dict(status or {})):
+            return  # it ended before this operator started
         await controller.runner.run(controller.lifecycle(namespace, name, uid), stopped)
+        if not stopped:  # the job ended (a stopped one is the finalizer's, which drops it)
+            controller.forget(namespace, name, uid)
 
     @kopf.on.delete(API_GROUP, API_VERSION, PLURAL, registry=registry, backoff=2)
     def finalize(namespace: str, name: str, uid: str, status: dict, **_: Any) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Callable
 
 from ..api import InvalidVideoJob, VideoJob, parse_videojob
@@ -164,6 +165,11 @@ class JobLifecycle(Queueing, KueueQueueing, Attempts, Watching, Endings, Deletio
             return
         obj = self.book.load()
         self.annotations = dict(obj["metadata"].get("annotations") or {})
+        shown = (self.book.status.get("queue") or {}).get("position")
+        if self.book.phase == Phase.QUEUED.value and shown and self._queue_shown[1] is None:
+            # A restarted operator's queued job shows a place already: rewritten once it has
+            # moved, as if written just now, not by every job at once (10,000 writes).
+            self._queue_shown = (time.monotonic(), int(shown))
         self.ctx.metrics.set_phase(self.key, self.book.phase)
         if self.book.phase in TERMINAL:
             self.ctx.admissions.cancel(self.key)

@@ -220,6 +220,21 @@ class Controller:
                 current = self._lifecycles[key] = JobLifecycle(self.ctx, namespace, name, uid)
             return current
 
+    def needs_lifecycle(self, status: dict[str, Any] | None) -> bool:
+        """Whether a job kopf just found needs its lifecycle run: not one that had ended
+        before this operator saw it (a restart with 20,000 finished jobs read each one
+        again, a GET and a thread turn each, before the queue moved). In kueue mode
+        it does: its end may not have released its Workload yet (``_kueue_release``)."""
+        return self.settings.admission == "kueue" or (status or {}).get("phase") not in TERMINAL
+
+    def forget(self, namespace: str, name: str, uid: str) -> None:
+        """A lifecycle that ran to the job's end holds nothing needed later (a deletion
+        reads what it needs from the API server): not kept for every finished job."""
+        with self._lock:
+            current = self._lifecycles.get(f"{namespace}/{name}")
+            if current is not None and current.uid == uid:
+                del self._lifecycles[f"{namespace}/{name}"]
+
     def delete(self, namespace: str, name: str, uid: str, status: dict[str, Any]) -> None:
         self.lifecycle(namespace, name, uid).delete(status)
         with self._lock:
