@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import secrets
+import signal
 import sys
 import tempfile
 import time
@@ -133,6 +134,16 @@ def operator_metrics(port: int) -> dict[str, float]:
     return out
 
 
+def memory_census(operator: Operator, workdir: Path) -> list[str]:
+    """The operator's live objects by type (SIGUSR1: fake_ray.py's census), the largest
+    first: where a queued job's memory goes."""
+    target = workdir / "census.txt"
+    os.kill(operator.pid, signal.SIGUSR1)
+    if not wait_until("the operator's memory census", target.exists, time.monotonic() + 120, interval=0.5):
+        return []
+    return target.read_text().splitlines()[:30]
+
+
 def run(args: argparse.Namespace) -> int:
     loadavg_before = os.getloadavg()
     cluster = Cluster()
@@ -189,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
         resumed_at = time.monotonic() if all_resumed else None
         op_cpu_resumed = cpu_seconds(operator.pid)
         stats_resumed = operator.stats()
+        census = memory_census(operator, workdir)
         log(f"healthy {healthy_at and healthy_at - t0:.1f} s, first admission "
             f"{first_admission_at and first_admission_at - t0:.1f} s, resumed {resumed_at and resumed_at - t0:.1f} s")
 
@@ -239,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
             "resumedSeconds": round(resumed_at - t0, 2) if resumed_at else None,
             "deleteSeconds": round(delete_seconds, 2) if delete_seconds is not None else None,
             "deleteRequestsSeconds": round(requests_done - delete_start, 2),
+            "operatorMemoryCensusAfterResume": census,
             "books": {"agree": agree, "operatorMetrics": metrics_end, "apiServerPhases": phases_end},
             "operator": {
                 "peakRssMiB": round(peak.get("VmHWM", 0) / 1024, 1),

@@ -63,7 +63,8 @@ class JobLifecycle(Queueing, KueueQueueing, Attempts, Watching, Endings, Deletio
         self.annotations: dict[str, str] = {}
         self._unwritten_plan: tuple[dict[str, Any], str] | None = None
         self._ray_was_down = False
-        self._last_choice = None
+        self._last_choice = None  # the planner's choice, from planning to the queue (or kueue's admission)
+        self._waiting_ask = None  # (Ask, plans on the classes it may spill to) while it waits for GPUs
         self.parking = False  # run(park=True): raise Parked rather than poll the queue
         self.on_admitted = None  # the job runner's callback: this run got past the queue (see runner.py)
         self._parked_job: VideoJob | None = None  # the parsed job, kept while parked (no reread)

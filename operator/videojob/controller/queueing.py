@@ -37,32 +37,36 @@ class Queueing:
         if self.ctx.kueue is not None:
             return self._admit_kueue(stopped, job, plan)
         klass = plan.get("gpuClass") or self.ctx.inventory.classes[0].name
-        # The planner's options, kept while the job waits parked (re-planned only after an admission).
-        choice = self._last_choice = self._last_choice or self._choice(job)
-        options = {k.name: (k, a) for k, a in choice.options}
-        fallbacks = []
-        for name, (k, a) in options.items():
-            if name != klass:
-                alt = self._plan_status(None, (k, a))
-                fallbacks.append(Fallback(name, a.layout.gpus, a.seconds, self._pool_key(job, alt),
-                                          class_rank(k, a)[0]))
-        ask = self._ask(job, plan, tuple(fallbacks))
+        if self._waiting_ask is None:
+            # The job as the scheduler sees it, and its plan on each other class it could
+            # spill to: kept while it waits parked (re-planned only after an admission). Not
+            # the planner's whole choice: that was ~10 KiB a queued job, 100 MB at 10,000.
+            choice, self._last_choice = self._last_choice or self._choice(job), None
+            spills: dict[str, dict[str, Any]] = {}
+            fallbacks = []
+            for name, (k, a) in {k.name: (k, a) for k, a in choice.options}.items():
+                if name != klass:
+                    spills[name] = alt = self._plan_status(None, (k, a))
+                    fallbacks.append(Fallback(name, a.layout.gpus, a.seconds, self._pool_key(job, alt),
+                                              class_rank(k, a)[0]))
+            self._waiting_ask = (self._ask(job, plan, tuple(fallbacks)), spills)
+        ask, spills = self._waiting_ask
         # Kept on the job across parked calls: a place is rewritten only when it moved.
         last_write, last_place = self._queue_shown
         while True:
             try:
                 admission, position, why = self.ctx.admissions.request(ask, pass_now=not self.parking)
             except ValueError as exc:  # more GPUs than one pod of the class: never
-                self._last_choice = None
+                self._waiting_ask = None
                 self._fail(Reason.DOES_NOT_FIT, f"{exc}: it can never run here", ConditionType.ADMITTED)
                 raise Stopped from None
             self._capacity_metrics()
             if admission is not None:
-                self._last_choice, self._queue_shown = None, (float("-inf"), None)
+                self._waiting_ask, self._queue_shown = None, (float("-inf"), None)
                 if admission.evict:
                     self._evict(admission.evict, "needed by " + self.key)
-                if admission.spilled and admission.klass in options:
-                    spilled = self._plan_status(None, options[admission.klass])
+                if admission.spilled and admission.klass in spills:
+                    spilled = spills[admission.klass]
                     self._unwritten_plan = (spilled, f"spilled from {klass}, where it would have waited, to "
                                                      f"{admission.klass}, where it ends sooner")
                     return admission, spilled
