@@ -415,7 +415,9 @@ def test_a_restarted_operators_queued_job_rewrites_its_place_only_once_it_moved(
     books = run.controller.admissions
     books.running(f"{run.namespace}/holder", CLASS, 2, 600.0, None, "pool")  # the class is full
     lifecycles = {}
-    for name, shown in (("same", 1), ("moved", 3)):
+    # Created in this order, and in name order too: the queue orders by priority, then
+    # creation second, then name, so both ties break the same way.
+    for name, shown in (("a-same", 1), ("b-moved", 3)):
         obj = create(run.cluster, run.namespace, tiny_job(name))
         plan = JobLifecycle._plan_status(plan_classes(parse_videojob(obj).spec, run.controller.inventory))
         run.controller.ctx.jobs.patch_status(run.namespace, name, {
@@ -424,13 +426,13 @@ def test_a_restarted_operators_queued_job_rewrites_its_place_only_once_it_moved(
         lifecycles[name] = run.controller.lifecycle(run.namespace, name, obj["metadata"]["uid"])
     run.patches.clear()
     stopped = threading.Event()
-    for name in ("same", "moved"):  # asked in this order: places 1 and 2
+    for name in ("a-same", "b-moved"):
         assert lifecycles[name].run(stopped, park=True), f"{name} did not park"
     books.tick()
-    assert (books.place(f"{run.namespace}/same"), books.place(f"{run.namespace}/moved")) == (1, 2)
-    for name in ("same", "moved"):  # woken as the job runner wakes them to show a place
+    assert (books.place(f"{run.namespace}/a-same"), books.place(f"{run.namespace}/b-moved")) == (1, 2)
+    for name in ("a-same", "b-moved"):  # woken as the job runner wakes them to show a place
         assert lifecycles[name].run(stopped, park=True), f"{name} did not park again"
     written = [p for p, _ in run.patches]
     assert [p.get("queue", {}).get("position") for p in written] == [2], \
-        f"only `moved` rewrites its place, to 2: {written}"
-    assert lifecycles["same"].shown_place() == 1 and lifecycles["moved"].shown_place() == 2
+        f"only `b-moved` rewrites its place, to 2: {written}"
+    assert lifecycles["a-same"].shown_place() == 1 and lifecycles["b-moved"].shown_place() == 2
