@@ -504,11 +504,20 @@ def delete_jobs(admin, namespace: str, names: list[str], threads: int = 8) -> No
         list(pool.map(delete, names))
 
 
+FINALIZE_AT_END = 2000  # jobs left at the end that the operator finalizes; more, in a cluster of the run's own, go with it
+
+
 def cleanup(cluster: Cluster, admin, namespace: str, operator: Operator | None) -> None:
     """No job, namespace or process left behind, whatever happened before (each step
     runs even when an earlier one failed)."""
+    goes_with_cluster = False
     try:
         remaining = remaining_jobs(admin, namespace) or []
+        if len(remaining) > FINALIZE_AT_END and cluster.state.get("started"):
+            # The cluster is this run's (its last holder stops it, its etcd data deleted):
+            # finalizing 30,000 jobs at ~14 a second would take longer than the run.
+            log(f"{len(remaining)} job(s) left in this run's own cluster: they go with it")
+            goes_with_cluster, remaining = True, []
         if remaining and operator is not None and operator.alive():
             log(f"deleting the {len(remaining)} job(s) left while the operator runs")
             delete_jobs(admin, namespace, [o["metadata"]["name"] for o in remaining])
@@ -524,21 +533,22 @@ def cleanup(cluster: Cluster, admin, namespace: str, operator: Operator | None) 
             log(f"stopping the operator failed: {exc}")
             if operator.process.poll() is None:
                 os.killpg(operator.pid, signal.SIGKILL)
-        try:  # whatever is left has no operator to finalize it: drop the finalizers
-            remaining = [o for o in remaining_jobs(admin, namespace) or [] if o["metadata"].get("finalizers")]
-            if remaining:
-                log(f"removing the finalizers of {len(remaining)} job(s) left")
-                with concurrent.futures.ThreadPoolExecutor(8) as pool:
-                    list(pool.map(lambda o: _drop_finalizers(admin, namespace, o["metadata"]["name"]), remaining))
-        except Exception as exc:  # noqa: BLE001
-            log(f"removing finalizers failed: {exc}"[:500])
-        try:
-            cluster.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true", "--timeout=180s",
-                            check=False, timeout=200)
-            if cluster.kubectl("get", "namespace", namespace, check=False).returncode == 0:
-                log(f"namespace {namespace} is still terminating")
-        except Exception as exc:  # noqa: BLE001
-            log(f"deleting namespace {namespace} failed: {exc}")
+        if not goes_with_cluster:
+            try:  # whatever is left has no operator to finalize it: drop the finalizers
+                remaining = [o for o in remaining_jobs(admin, namespace) or [] if o["metadata"].get("finalizers")]
+                if remaining:
+                    log(f"removing the finalizers of {len(remaining)} job(s) left")
+                    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                        list(pool.map(lambda o: _drop_finalizers(admin, namespace, o["metadata"]["name"]), remaining))
+            except Exception as exc:  # noqa: BLE001
+                log(f"removing finalizers failed: {exc}"[:500])
+            try:
+                cluster.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true", "--timeout=180s",
+                                check=False, timeout=200)
+                if cluster.kubectl("get", "namespace", namespace, check=False).returncode == 0:
+                    log(f"namespace {namespace} is still terminating")
+            except Exception as exc:  # noqa: BLE001
+                log(f"deleting namespace {namespace} failed: {exc}")
 
 
 def _drop_finalizers(admin, namespace: str, name: str) -> None:

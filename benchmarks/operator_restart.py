@@ -275,11 +275,12 @@ def run(args: argparse.Namespace) -> int:
                      "jobs of that operator are not modelled (InstantRay keeps no drivers across processes).",
         }
         ok = healthy and admitted and all_resumed and gone
+        # Written before the clean-up: that deletes what is left, which may take long.
+        out = write_result("operator_restart.json", result, Path(args.out) if args.out else None)
     finally:
         finish(cluster, admin, namespace, operator, tracker)
     if not result:
         return 1
-    out = write_result("operator_restart.json", result, Path(args.out) if args.out else None)
     print(f"restart with {args.unfinished} queued + {args.finished} finished jobs: healthy in "
           f"{result['healthySeconds']} s, first admission in {result['firstAdmissionSeconds']} s, all resumed in "
           f"{result['resumedSeconds']} s; deleting {len(doomed)} queued: gone in {result['deleteSeconds']} s; "

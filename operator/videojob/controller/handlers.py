@@ -1,12 +1,14 @@
 """kopf handlers: they only translate kopf's calls into the controller's.
 
-One async daemon per VideoJob runs its lifecycle (plan, queue, submit, watch,
-finish) through the job runner and ends when the job does; the deletion
-handler is the finalizer (stop the driver, remove its group, release the ranks).
+One task per unfinished VideoJob (spawning.py, started from kopf's watch
+events) runs its lifecycle (plan, queue, submit, watch, finish) through the job
+runner and ends when the job does; the deletion handler is the finalizer (stop
+the driver, remove its group, release the ranks, and wait for the job's task).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -23,6 +25,7 @@ from .outcome import clip
 FINALIZER = f"{API_GROUP}/finalizer"
 EVENT_POSTERS = 32
 EVENT_POSTER_IDLE_S = 0.05
+FINALIZER_WAIT_S = 15.0  # a deleted job's task: asked to stop, cancelled after 5 s, given up on (retried) after this
 DELETION_WORKERS = 64  # kopf's executor: finalizers (and the other sync handlers) at once
 
 
@@ -82,10 +85,6 @@ def build_registry(settings: OperatorSettings, controller: Controller | None = N
         settings.posting.idle_timeout = EVENT_POSTER_IDLE_S
         # The resources are known: no discovery watches (they would need RBAC on CRDs and namespaces).
         settings.scanning.disabled = True
-        # A deleted job's daemon notices its stop flag at once (it waits on it);
-        # without an instant-exit wait kopf would re-check only after the
-        # cancellation timeout and hold the finalizer that long.
-        settings.background.instant_exit_timeout = 3.0
         # kopf's executor runs the sync handlers (finalizers); the jobs' threads are the
         # runner's own pool, lent only while a job has work (queued jobs hold none).
         settings.execution.max_workers = DELETION_WORKERS
@@ -94,23 +93,25 @@ def build_registry(settings: OperatorSettings, controller: Controller | None = N
         controller.start()
 
     @kopf.on.cleanup(registry=registry)
-    def cleanup(**_: Any) -> None:
-        controller.stop()
+    async def cleanup(**_: Any) -> None:
+        await controller.spawner.close()  # the jobs' tasks first (they use the runner's threads)
+        await asyncio.to_thread(controller.stop)
 
-    @kopf.daemon(API_GROUP, API_VERSION, PLURAL, registry=registry, cancellation_timeout=5, backoff=5)
-    async def lifecycle(stopped: kopf.DaemonStopped, namespace: str, name: str, uid: str, status: dict,
+    @kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry)
+    async def lifecycle(type: str | None, namespace: str, name: str, uid: str, status: dict, meta: dict,
                         **_: Any) -> None:
-        # A coroutine, not a thread: the job runner lends it a thread only while it has work
-        # (a queued job waits without one; controller/runner.py).
-        if not controller.needs_lifecycle(dict(status or {})):
-            return  # it ended before this operator started
-        await controller.runner.run(controller.lifecycle(namespace, name, uid), stopped)
-        if not stopped:  # the job ended (a stopped one is the finalizer's, which drops it)
-            controller.forget(namespace, name, uid)
+        # Not kopf.daemon: kopf keeps every daemon's object's body for its whole life
+        # (controller/spawning.py). A task per unfinished job, lent a thread by the job
+        # runner only while it has work (a queued job waits without one; runner.py).
+        controller.spawner.notice(namespace, name, uid, wanted=controller.needs_lifecycle(dict(status or {})),
+                                  deleting=bool((meta or {}).get("deletionTimestamp")), gone=type == "DELETED")
 
     @kopf.on.delete(API_GROUP, API_VERSION, PLURAL, registry=registry, backoff=2)
     def finalize(namespace: str, name: str, uid: str, status: dict, **_: Any) -> None:
         controller.delete(namespace, name, uid, dict(status or {}))
+        # As kopf held the finalizer for a daemon: until the job's task ended (cancelled after a grace).
+        if not controller.spawner.wait_stopped(namespace, name, uid, timeout_s=FINALIZER_WAIT_S):
+            raise kopf.TemporaryError(f"{namespace}/{name}: its lifecycle is still stopping", delay=2)
 
     return registry, controller
 

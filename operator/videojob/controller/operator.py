@@ -30,6 +30,7 @@ from .groups import groups_in_ray, owner_uid, teardown_groups
 from .hygiene import owner_namespace, prune
 from .lifecycle import TERMINAL, Context, JobLifecycle
 from .runner import JobRunner, admission_loop
+from .spawning import Spawner, StopFlag
 
 log = logging.getLogger("videojob.controller")
 EXPIRE_PER_SWEEP = 1000  # finished jobs past their TTL deleted per sweep at most
@@ -55,6 +56,7 @@ class Controller:
         self.health = Health(settings.health_stall_s)
         self.runner = JobRunner(self.admissions, settings.max_workers, settings.poll_interval_s,
                                 settings.queue_status_interval_s, settings.kueue_poll_interval_s)
+        self.spawner = Spawner(self.run_job)  # one task per unfinished job, from kopf's events
 
     def _ray_client(self) -> RayClient:
         settings = self.settings
@@ -219,6 +221,12 @@ class Controller:
             if current is None or current.uid != uid:
                 current = self._lifecycles[key] = JobLifecycle(self.ctx, namespace, name, uid)
             return current
+
+    async def run_job(self, namespace: str, name: str, uid: str, stopped: StopFlag) -> None:
+        """A job's task (spawning.py): its lifecycle on the job runner until it ends or is stopped."""
+        await self.runner.run(self.lifecycle(namespace, name, uid), stopped)
+        if not stopped:  # the job ended (a stopped one is the finalizer's, which drops it)
+            self.forget(namespace, name, uid)
 
     def needs_lifecycle(self, status: dict[str, Any] | None) -> bool:
         """Whether a job kopf just found needs its lifecycle run: not one that had ended
