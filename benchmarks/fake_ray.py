@@ -267,8 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         def get(self, namespace, name):
             return self._call("api.get", super().get, namespace, name)
 
-        def list(self, namespaces):
-            return self._call("api.list", super().list, namespaces)
+        def list(self, namespaces, **kwargs):
+            return self._call("api.list", super().list, namespaces, **kwargs)
 
         def patch_status(self, namespace, name, status, expect=None):
             return self._call("api.patchStatus", super().patch_status, namespace, name, status, expect)

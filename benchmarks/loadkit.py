@@ -182,8 +182,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# What the chart's operator container sets beyond the VIDEOJOB_ settings (deployment.yaml).
+CHART_OPERATOR_ENV = {"MALLOC_ARENA_MAX": "2"}
+
+
 class Operator:
-    """``benchmarks/fake_ray.py`` as a subprocess in its own process group."""
+    """``benchmarks/fake_ray.py`` as a subprocess in its own process group, with the
+    chart's environment (``CHART_OPERATOR_ENV``)."""
 
     def __init__(self, namespace: str | list[str], kubeconfig: Path, workdir: Path, delay_s: float,
                  api_pool: int | None, extra_env: dict[str, str] | None = None,
@@ -195,7 +200,7 @@ class Operator:
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "VIDEOJOB_METRICS_PORT": str(self.port),
                "VIDEOJOB_INVENTORY_FILE": str(workdir / "inventory.yaml"), "VIDEOJOB_RAY_MODE": "address",
                "VIDEOJOB_RAY_DASHBOARD_URL": "http://instant-ray.invalid", "PYTHONUNBUFFERED": "1",
-               **(extra_env or {})}
+               **CHART_OPERATOR_ENV, **(extra_env or {})}
         env.pop("RAY_ADDRESS", None)
         (workdir / "inventory.yaml").write_text(yaml.safe_dump(INVENTORY, sort_keys=False))
         self.log_file = open(self.log_path, "w")

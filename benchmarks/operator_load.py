@@ -55,7 +55,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fake_ray import proc_status  # noqa: E402
-from loadkit import (EXAMPLES, INVENTORY, SERVICE_ACCOUNT, Cluster, Operator, Tracker,  # noqa: E402
+from loadkit import (CHART_OPERATOR_ENV, EXAMPLES, INVENTORY, SERVICE_ACCOUNT, Cluster, Operator, Tracker,  # noqa: E402
                      api_for, apiserver_requests, cpu_seconds, create_all, delete_jobs, delta,
                      expected_classes, finish, latency, log, manifests, prepare_namespace, remaining_jobs, wait_until)
 from machine import write_result  # noqa: E402
@@ -70,6 +70,7 @@ GOAL_PEAK_THREADS = 200
 
 def run(args: argparse.Namespace) -> int:
     loadavg_before = os.getloadavg()
+    operator_env = dict(kv.split("=", 1) for kv in args.operator_env)
     cluster = Cluster()
     namespace = f"vj-bench-{secrets.token_hex(4)}"
     workdir = Path(tempfile.mkdtemp(prefix="vj-operator-load-"))
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             log(f"created {len(precreated)} VideoJobs before the operator started")
         operator_started = time.monotonic()
         operator = Operator(namespace, kubeconfig, workdir, args.delay_s, args.operator_api_pool, extra_args=(
-            ["--memory-profile", args.memory_profile] if args.memory_profile else None))
+            ["--memory-profile", args.memory_profile] if args.memory_profile else None), extra_env=operator_env)
         operator.wait_ready()
         time.sleep(1.0)  # kopf opens its watch right after the startup handlers
         tracker = Tracker(admin, namespace).start()
@@ -256,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
                 "priorities": "uniform -100..100 (seeded)",
                 "variation": "cogvideox-5b maxGPUs 1/2/4; half the jobs pin spec.resources.gpuClass (uniform)",
                 "plannedClasses": planned_classes, "pinClass": args.pin_class, "precreate": args.precreate,
-                "createThreads": args.threads,
+                "createThreads": args.threads, "operatorEnv": {**CHART_OPERATOR_ENV, **operator_env},
                 "fakeRay": f"InstantRay (benchmarks/fake_ray.py): drivers SUCCEEDED {args.delay_s:g} s after "
                            "submission; no actors or placement groups",
                 "inventory": INVENTORY,
@@ -335,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="give up waiting for the jobs after this many seconds from the first create")
     parser.add_argument("--precreate", action="store_true",
                         help="create the jobs before the operator starts; seconds count from its start")
+    parser.add_argument("--operator-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="diagnosis: extra environment for the operator (e.g. MALLOC_ARENA_MAX= to compare "
+                             "with glibc's default arenas)")
     parser.add_argument("--out", help="result file (default: benchmarks/results/operator_load.json)")
     parser.add_argument("--memory-profile", help="diagnosis only (slows the operator): its top memory sites "
                                                  "(tracemalloc), rewritten every 10 s to this file")

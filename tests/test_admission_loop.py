@@ -26,7 +26,7 @@ import pytest
 
 from videojob.controller.admission import Admissions
 from videojob.controller.runner import (MOVED, NEW, PASS_GAP_S, PASS_SHARE, STARTING_AT_ONCE, WOKEN, Gate, JobRunner,
-                                        admission_loop, pass_gap, worth_showing)
+                                        PlaceBudget, admission_loop, near, pass_gap, worth_showing)
 from videojob.inventory import parse_inventory
 from videojob.scheduling import Ask
 
@@ -291,3 +291,67 @@ def test_passes_are_spaced_out_when_they_are_slow():
     assert pass_gap(0.3, 1.0) == pytest.approx(0.3 * (1 - PASS_SHARE) / PASS_SHARE)  # passes <= PASS_SHARE of a CPU
     assert pass_gap(5.0, 1.0) == 1.0  # never past the poll interval
     assert pass_gap(0.001, 0.05) == 0.05  # a test's short interval is kept
+
+
+def test_far_place_rewrites_are_bounded_by_a_budget_for_all_jobs():
+    clock = [0.0]
+    budget = PlaceBudget(rate_per_s=5.0, burst_s=10.0, clock=lambda: clock[0])
+    # a burst of one place interval, then refused until time passes
+    assert sum(budget.take() for _ in range(200)) == 50
+    assert budget.refused == 150
+    clock[0] += 1.0
+    assert sum(budget.take() for _ in range(200)) == 5  # 5 a second
+    clock[0] += 1000.0
+    assert sum(budget.take() for _ in range(200)) == 50  # never more than the burst saved up
+    # whatever the queue's length: a drain of 10,000 places over 450 s writes at most burst + rate * seconds
+    clock[0], budget = 0.0, PlaceBudget(rate_per_s=5.0, burst_s=10.0, clock=lambda: clock[0])
+    written = 0
+    for second in range(450):
+        clock[0] = float(second)
+        written += sum(budget.take() for _ in range(10_000 // 10))  # every far job asks every 10 s
+    assert written <= 50 + 5 * 450
+    # the front is not limited: near() is asked first, the budget only beyond LIVE_PLACES
+    assert near(120, 100) and near(100, 99) and not near(5000, 4000)
+
+
+def test_a_stopped_job_leaves_the_gates_line_at_once_and_no_slot_is_lost():
+    async def scenario():
+        gate = Gate(1)
+        await gate.acquire(NEW)  # the one slot is busy
+        halt = asyncio.Event()
+        waiting = asyncio.create_task(gate.acquire_unless(MOVED, halt))
+        other = asyncio.create_task(gate.acquire_unless(NEW, asyncio.Event()))
+        await asyncio.sleep(0.01)
+        assert gate.waiting() == (0, 1, 1)
+        halt.set()
+        assert await asyncio.wait_for(waiting, timeout=1) is False  # not behind the busy slot
+        assert gate.waiting()[2] == 0
+        gate.release()
+        assert await asyncio.wait_for(other, timeout=1) is True  # the slot went to the one still waiting
+        gate.release()
+        assert gate.free == 1
+        # halted as the slot is handed over: passed on, not lost
+        await gate.acquire(NEW)
+        halt2 = asyncio.Event()
+        racing = asyncio.create_task(gate.acquire_unless(WOKEN, halt2))
+        await asyncio.sleep(0.01)
+        gate.release()
+        halt2.set()
+        held = await asyncio.wait_for(racing, timeout=1)
+        if held:
+            gate.release()
+        assert gate.free == 1, "a slot leaked"
+        # halted before it asked: no slot taken
+        assert await gate.acquire_unless(NEW, halt) is False and gate.free == 1
+        # the caller cancelled while it waited: nothing held
+        await gate.acquire(NEW)
+        cancelled = asyncio.create_task(gate.acquire_unless(NEW, asyncio.Event()))
+        await asyncio.sleep(0.01)
+        cancelled.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await cancelled
+        gate.release()
+        await asyncio.sleep(0.01)
+        assert gate.free == 1 and gate.waiting() == (0, 0, 0)
+
+    asyncio.run(scenario())

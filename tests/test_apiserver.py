@@ -199,4 +199,18 @@ def test_the_operator_lists_videojobs_in_pages_and_survives_an_expired_continue_
     expire_once["armed"] = True
     assert sorted(o["metadata"]["name"] for o in jobs.list([namespace], page_size=3)) == names
     assert [bool(c.get("_continue")) for c in calls] == [False, True, False, True, True]  # listed again
+    # reduce: applied page by page (what the sweep and the rebuild keep), None dropped, and a
+    # listing started again after a 410 keeps nothing of the first try (no job twice)
+    seen_pages: list[int] = []
+
+    def reduce(obj):
+        seen_pages.append(len(calls))
+        name = obj["metadata"]["name"]
+        return None if name == "paged-3" else name
+
+    calls.clear()
+    expire_once["armed"] = True
+    reduced = jobs.list([namespace], page_size=3, reduce=reduce)
+    assert sorted(reduced) == [n for n in names if n != "paged-3"] and len(reduced) == 6
+    assert seen_pages[:3] == [1, 1, 1]  # the first page reduced before the second was asked for
     api.close()

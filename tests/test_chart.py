@@ -151,7 +151,8 @@ def test_operator_env_is_what_the_operator_reads(chart, ci, monkeypatch):
     """The rendered environment, read by the operator's own settings model: values
     survive the rendering (whole-number floats, lists), and they point where the
     chart put things (the RayCluster's head Service, the watched namespaces, the
-    metrics port). Slim-image modes set nothing but operator settings and HOME."""
+    metrics port). Slim-image modes set nothing but operator settings, HOME and
+    MALLOC_ARENA_MAX."""
     docs = chart.render(ci)
     values = ci_values(ci)
     mode = values["ray"]["mode"]
@@ -159,7 +160,10 @@ def test_operator_env_is_what_the_operator_reads(chart, ci, monkeypatch):
     env = env_of(container)
     if mode != "embedded":
         fields = {f"VIDEOJOB_{name.upper()}" for name in OperatorSettings.model_fields}
-        assert set(env) - fields == {"HOME"}, f"not operator settings: {sorted(set(env) - fields - {'HOME'})}"
+        others = {"HOME", "MALLOC_ARENA_MAX"}
+        assert set(env) - fields == others, f"not operator settings: {sorted(set(env) - fields - others)}"
+    # glibc's arenas capped: the operator's freed memory is reused across its threads (docs/performance.md)
+    assert env["MALLOC_ARENA_MAX"] == "2"
     for name in [n for n in os.environ if n.startswith("VIDEOJOB_")]:
         monkeypatch.delenv(name)
     for name, value in env.items():

@@ -182,8 +182,8 @@ def test_a_job_admitted_while_the_sweeper_lists_keeps_its_group(crd, namespace, 
     state: dict[str, Any] = {"armed": False}
 
     class SlowListing(VideoJobs):
-        def list(self, namespaces):
-            items = super().list(namespaces)
+        def list(self, namespaces, **kwargs):
+            items = super().list(namespaces, **kwargs)
             if state.pop("armed", False):  # once: a job appears and starts while this sweep looks
                 create(crd, namespace, _one_rank("late", steps=30, video=SLOW_VIDEO))
                 state["operator"].daemon("late")

@@ -161,3 +161,28 @@ def test_stop_flag_reads_as_kopfs():
 def test_wait_stopped_for_an_unknown_job_returns_at_once():
     spawner = Spawner(Jobs())
     assert spawner.wait_stopped("ns", "nobody", "u0", 1.0) is True
+
+
+def test_kopfs_per_event_success_line_is_dropped_and_others_kept(caplog):
+    """kopf logs "Handler ... succeeded." for every watch event of every job: the operator's
+    filter drops exactly that line of its event handler (kopf's own object logger here)."""
+    import logging
+
+    import kopf
+    from kopf._core.actions import loggers
+
+    from videojob.controller.handlers import EVENT_HANDLER_ID, QuietEventHandler
+
+    quiet = QuietEventHandler()
+    logging.getLogger("kopf.objects").addFilter(quiet)
+    try:
+        body = kopf.Body({"apiVersion": "v1", "kind": "X", "metadata": {"namespace": "ns", "name": "a", "uid": "u"}})
+        logger = loggers.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
+        with caplog.at_level(logging.INFO, logger="kopf.objects"):
+            logger.info(f"Handler {EVENT_HANDLER_ID!r} succeeded.")  # as kopf's execution.py writes it
+            logger.info("Handler 'finalize' succeeded.")
+            logger.error(f"Handler {EVENT_HANDLER_ID!r} failed with an exception")
+        messages = [r.getMessage() for r in caplog.records]
+        assert messages == ["Handler 'finalize' succeeded.", f"Handler {EVENT_HANDLER_ID!r} failed with an exception"]
+    finally:
+        logging.getLogger("kopf.objects").removeFilter(quiet)

@@ -46,6 +46,18 @@ class NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
+EVENT_HANDLER_ID = "videojob-lifecycle"
+
+
+class QuietEventHandler(logging.Filter):
+    """Drops kopf's "Handler 'videojob-lifecycle' succeeded." line: kopf logs it for every
+    watch event of every job (each status write echoes one), tens of thousands of lines
+    that say nothing. Its failures are still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != f"Handler {EVENT_HANDLER_ID!r} succeeded."
+
+
 def _post_event(namespace: str, name: str, uid: str, kind: str, reason: str, message: str) -> None:
     kopf.event(object_ref(namespace, name, uid), type=kind, reason=reason, message=clip(message, 1024))
 
@@ -76,6 +88,10 @@ def build_registry(settings: OperatorSettings, controller: Controller | None = N
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
         settings.persistence.diffbase_storage = NoDiffBase()
         settings.posting.level = logging.WARNING  # our own events say what happens; kopf's only when wrong
+        quiet = QuietEventHandler()
+        for kopf_logger in ("kopf.objects", "kopf"):
+            if not any(isinstance(f, QuietEventHandler) for f in logging.getLogger(kopf_logger).filters):
+                logging.getLogger(kopf_logger).addFilter(quiet)
         # Events are posted by a bounded set of tasks, not one per job: kopf's connection
         # pool has no limit, so hundreds of concurrent posts opened (and TLS-handshook)
         # hundreds of connections, 18% of the operator's CPU under 1,000 new jobs
@@ -97,7 +113,7 @@ def build_registry(settings: OperatorSettings, controller: Controller | None = N
         await controller.spawner.close()  # the jobs' tasks first (they use the runner's threads)
         await asyncio.to_thread(controller.stop)
 
-    @kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry)
+    @kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry, id=EVENT_HANDLER_ID)
     async def lifecycle(type: str | None, namespace: str, name: str, uid: str, status: dict, meta: dict,
                         **_: Any) -> None:
         # Not kopf.daemon: kopf keeps every daemon's object's body for its whole life

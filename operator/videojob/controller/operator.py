@@ -116,25 +116,21 @@ class Controller:
         # Running attempts first, then kept groups: a warm group that a running job
         # reused is that job's (its GPUs counted once), even though the job that kept
         # it still says so in its own status.
-        for obj in self.ctx.jobs.list(self.settings.namespaces):
-            status = obj.get("status") or {}
-            meta, spec = obj["metadata"], obj.get("spec") or {}
-            key = f"{meta['namespace']}/{meta['name']}"
-            self.metrics.set_phase(key, status.get("phase", "Pending"))
-            plan = status.get("plan") or {}
-            attempts = status.get("attempts") or []
-            model = (spec.get("model") or {}).get("name", "")
-            pool = pool_key(model, (spec.get("model") or {}).get("source"), plan) if plan else None
+        for view in self.ctx.jobs.list(self.settings.namespaces, reduce=rebuild_view):
+            key, phase = view["key"], view["phase"]
+            self.metrics.set_phase(key, phase)
+            if "plan" not in view:
+                continue  # neither running nor keeping a group: its phase is all the books need
+            plan, model, group = view["plan"], view["model"], view["group"]
+            pool = pool_key(model, view["source"], plan) if plan else None
             klass = plan.get("gpuClass") or default_class
             if klass not in classes:
                 klass = default_class  # the inventory changed under a running job: count it somewhere
-            if status.get("phase") not in TERMINAL and attempts and attempts[-1].get("result") == "Running":
+            if view["running"]:
                 self.admissions.running(key, klass, int(plan.get("gpus") or 1),
-                                        float(plan.get("estimatedSeconds") or 60.0), attempts[-1].get("group"), pool)
+                                        float(plan.get("estimatedSeconds") or 60.0), view["attemptGroup"], pool)
                 continue
-            group = status.get("actorGroup") or {}
-            if (status.get("phase") == "Succeeded" and group.get("kept") and group.get("name") in in_ray
-                    and group.get("poolKey")):
+            if group.get("name") in in_ray and group.get("poolKey"):
                 kept.append((key, klass, plan, model, group))
         for key, klass, plan, model, group in kept:
             if self.admissions.adopt_idle(group["name"], klass, int(plan.get("gpus") or 1), group["poolKey"], model):
@@ -157,11 +153,15 @@ class Controller:
         # meanwhile is never taken for an owner that is gone.
         in_ray = groups_in_ray(ray)
         live: dict[str, str] = {}
-        listed = self.ctx.jobs.list(self.settings.namespaces)
-        for obj in listed:
-            live[obj["metadata"]["uid"]] = (obj.get("status") or {}).get("phase", "Pending")
-        expired_jobs = self._expire(listed)
-        del listed  # only uid -> phase is kept past here
+        due: list[expiry.Expired] = []
+        ttl_s, clock = self.settings.ttl_seconds_after_finished, time.time()
+        # Page by page, only uid -> phase and the expired are kept (not 30,000 whole objects).
+        for uid, phase, expired_job in self.ctx.jobs.list(
+                self.settings.namespaces, reduce=lambda obj: sweep_view(obj, ttl_s, clock)):
+            live[uid] = phase
+            if expired_job is not None:
+                due.append(expired_job)
+        expired_jobs = self._expire(due)
         in_use = self.admissions.groups_in_use()
         # Whose is a group: the uid in its name; which namespace (a namespace-scoped operator
         # leaves alone the groups of namespaces it does not watch): its creator driver's
@@ -184,11 +184,11 @@ class Controller:
         self.metrics.set_capacity(self.admissions.snapshot())
         return {"expired": expired, "ownerless": ownerless, "jobsExpired": expired_jobs}
 
-    def _expire(self, listed: list[dict[str, Any]]) -> list[str]:
+    def _expire(self, due: list[expiry.Expired]) -> list[str]:
         """Finished jobs past their TTL are deleted (``expiry``); at most
         ``EXPIRE_PER_SWEEP`` a sweep, oldest first, so a backlog drains without a burst."""
         gone = []
-        for job in expiry.due(listed, self.settings.ttl_seconds_after_finished)[:EXPIRE_PER_SWEEP]:
+        for job in sorted(due, key=lambda e: -e.finished_s_ago)[:EXPIRE_PER_SWEEP]:
             try:
                 deleted = self.ctx.jobs.delete(job.namespace, job.name, job.uid)
             except Exception as exc:  # noqa: BLE001 - e.g. RBAC without delete: the sweep goes on
@@ -264,6 +264,29 @@ class Controller:
             self.metrics_server.shutdown()
         if self.embedded is not None:
             self.embedded.stop()
+
+
+def rebuild_view(obj: dict[str, Any]) -> dict[str, Any]:
+    """What the rebuild needs of a job: its phase; the plan, model and group only of a
+    running job or one that kept its group (the few the books hold)."""
+    status = obj.get("status") or {}
+    meta, spec = obj["metadata"], obj.get("spec") or {}
+    phase = status.get("phase", "Pending")
+    view: dict[str, Any] = {"key": f"{meta['namespace']}/{meta['name']}", "phase": phase}
+    attempts = status.get("attempts") or []
+    running = phase not in TERMINAL and bool(attempts) and attempts[-1].get("result") == "Running"
+    group = status.get("actorGroup") or {}
+    if running or (phase == "Succeeded" and group.get("kept")):
+        model = spec.get("model") or {}
+        view.update(plan=status.get("plan") or {}, model=model.get("name", ""), source=model.get("source"),
+                    group=group, running=running, attemptGroup=attempts[-1].get("group") if running else None)
+    return view
+
+
+def sweep_view(obj: dict[str, Any], ttl_s: int, clock: float) -> tuple[str, str, expiry.Expired | None]:
+    """What the sweep needs of a job: (uid, phase, its expiry if due)."""
+    due = expiry.due([obj], ttl_s, clock)
+    return obj["metadata"]["uid"], (obj.get("status") or {}).get("phase", "Pending"), (due[0] if due else None)
 
 
 def _no_event(*_args) -> None:
