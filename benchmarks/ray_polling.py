@@ -31,6 +31,7 @@ Writes benchmarks/results/ray_polling.json (machine.write_result). ~6 min on
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import sys
 import threading
@@ -97,7 +98,7 @@ def percentile(values: list[float], q: float) -> float | None:
 def make_jobs(ray, count: int, lines: int, deadline_s: float) -> list[str]:
     """``count`` drivers that printed ``lines`` progress records and ended; their submission ids."""
     ids = [f"vj-bench-poll-{i:04d}" for i in range(count)]
-    entrypoint = f"python -c {DRIVER.format(lines=lines)!r}"
+    entrypoint = f"{shlex.quote(sys.executable)} -c {shlex.quote(DRIVER.format(lines=lines))}"
     window = 12  # drivers starting at once: each is a job supervisor process
     start = time.monotonic()
 
@@ -120,6 +121,19 @@ def make_jobs(ray, count: int, lines: int, deadline_s: float) -> list[str]:
     return ids
 
 
+class _Counted:
+    """The client the job table reads through: each request it sends counted and timed."""
+
+    def __init__(self, ray, watchers: "Watchers") -> None:
+        self.ray, self.watchers = ray, watchers
+
+    def jobs(self):
+        return self.watchers._timed("GET /api/jobs/", self.ray.jobs) or []
+
+    def job(self, sid: str):
+        return self.watchers._timed("GET /api/jobs/{id}", lambda: self.ray.job(sid))
+
+
 class Watchers:
     """One thread per job, polling as the operator of ``mode`` did; counts what it sent."""
 
@@ -131,7 +145,7 @@ class Watchers:
         self.tail_lines = LOG_TAIL_LINES
         self.poll_s = OLD_POLL_S if mode == "per-job" else settings.poll_interval_s
         self.progress_s = settings.progress_interval_s
-        self.table = JobTable(ray, settings.poll_interval_s) if mode == "job-table" else None
+        self.table = JobTable(_Counted(ray, self), settings.poll_interval_s) if mode == "job-table" else None
         self.lock = threading.Lock()
         self.requests: Counter[str] = Counter()
         self.latency: dict[str, list[float]] = {}
@@ -155,16 +169,7 @@ class Watchers:
     def _status(self, sid: str):
         if self.table is None:
             return self._timed("GET /api/jobs/{id}", lambda: self.ray.job(sid))
-        reads, single = self.table.reads, self.table.single
-        began = time.monotonic()
-        job = self.table.job(sid)
-        with self.lock:  # only the lookups that reached Ray count as requests
-            if self.table.reads != reads:
-                self.requests["GET /api/jobs/"] += 1
-                self.latency.setdefault("GET /api/jobs/", []).append(time.monotonic() - began)
-            if self.table.single != single:
-                self.requests["GET /api/jobs/{id}"] += 1
-        return job
+        return self.table.job(sid)  # what reaches Ray is counted by _Counted
 
     def _watch(self, sid: str, offset: float) -> None:
         self.stop.wait(offset)  # spread over one interval, as jobs that started at different times are
@@ -239,9 +244,9 @@ def main() -> None:
 
     from helpers import RayHead
     from videojob.raycluster.client import HttpRayClient
-    from videojob.settings import Settings
+    from videojob.settings import OperatorSettings
 
-    settings = Settings()
+    settings = OperatorSettings()
     with RayHead(num_cpus=2, dashboard=True) as head:
         ray = HttpRayClient(head.dashboard_url, token=head.token, timeout_s=30.0, retries=1)
         print(f"ray_polling: Ray head at {head.dashboard_url}; starting {args.jobs} drivers", flush=True)
