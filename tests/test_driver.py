@@ -296,12 +296,18 @@ def test_a_kept_group_is_reused_by_the_next_job_then_torn_down_by_name(cluster):
     assert result["removed"]["actors"] == [f"{group}-rank0"] and result["removed"]["placementGroup"] is True
     # What the operator reads of a running driver: the log's last lines, from Ray's log
     # agent (not the whole log by the Jobs API, which log_tail falls back to: refused here).
+    # It names the file, not the submission id (which Ray resolves by reading every job's record).
     cluster.client.logs = None
+    asked_for: list[dict] = []
+    real_request = cluster.client._request
+    cluster.client._request = lambda method, path, **kw: (asked_for.append(kw.get("query") or {}),
+                                                          real_request(method, path, **kw))[1]
     try:
         assert cluster.client.log_tail(sid, 2, job.driver_node_id).splitlines() == logs.splitlines()[-2:], \
             logs[-2000:]
     finally:
-        del cluster.client.logs
+        del cluster.client.logs, cluster.client._request
+    assert asked_for and asked_for[0].get("filename") == f"job-driver-{sid}.log" and "submission_id" not in asked_for[0]
     assert cluster.client.log_tail(f"vj-never-{uuid.uuid4().hex[:8]}", 2, job.driver_node_id) == ""
     _assert_clean(cluster, group)
     gone = _present_asking(cluster.client, group)

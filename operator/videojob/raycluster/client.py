@@ -32,6 +32,7 @@ from typing import Any, Protocol
 log = logging.getLogger("videojob.raycluster")
 
 TERMINAL = ("STOPPED", "SUCCEEDED", "FAILED")
+DRIVER_LOG_FILE = "job-driver-{}.log"  # a Ray job's driver log in its node's log directory (Ray's naming)
 
 
 class RayUnavailable(RuntimeError):
@@ -228,12 +229,16 @@ class HttpRayClient:
 
     def log_tail(self, submission_id: str, lines: int, node_id: str | None = None) -> str:
         """The last ``lines`` lines, read by the log agent of the driver's node from the
-        end of the file (``GET /api/v0/logs/file?submission_id=..&node_id=..&lines=..``;
-        Ray 2.60 wants the node named): a poll costs the same at step 5 and at step 5,000.
-        Without the node, or where Ray cannot serve it (no file yet), the tail of the whole log."""
+        end of the file (``GET /api/v0/logs/file?node_id=..&filename=job-driver-<id>.log&lines=..``):
+        a poll costs the same at step 5 and at step 5,000. The file is named, not the
+        submission id: for a submission id Ray 2.60 reads every job's record from the GCS
+        on each request (``_resolve_job_filename``), so with 500 jobs a tail took 25 s
+        (measured, ``benchmarks/ray_polling.py``). The name is Ray's own
+        (``JOB_LOGS_PATH_TEMPLATE``). Without the node, or where Ray cannot serve it (no
+        file yet), the tail of the whole log."""
         if node_id:
             status, text = self._request("GET", "/api/v0/logs/file", ok_missing=True,
-                                         query={"submission_id": submission_id, "node_id": node_id,
+                                         query={"node_id": node_id, "filename": DRIVER_LOG_FILE.format(submission_id),
                                                 "lines": int(lines)})
             if status == 200:
                 return text
