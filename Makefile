@@ -133,6 +133,9 @@ demo-cluster: venv cluster-up
 # 10,000 jobs at once: operator_load_10k.json (~15 min on 2 cores).
 # operator_restart.py: a restart with 10,000 queued + 20,000 finished jobs, then 1,000 of the
 # queued deleted (operator_restart.json; ~15 min, most of it writing the 30,000 jobs).
+# ray_polling.py: 500 watchers against a real Ray head's dashboard, per-job polling (before
+# issue 22) vs the shared job table and log tails (ray_polling.json; ~12 min, most of it
+# starting the 500 drivers).
 # kueue_load.py: 1,000 jobs from four teams through real Kueue (kueue admission mode).
 # runtime_bench.py: actor-group overhead and cold vs warm, tiny models and CogVideoX-2b at the
 # medium size through `videojob run`'s path vs the diffusers pipeline (runtime.json).
@@ -156,6 +159,7 @@ bench: venv cluster-tools helm-tool
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/operator_load.py --jobs 10000 --deadline-s 1200 \
 	  --out benchmarks/results/operator_load_10k.json
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/operator_restart.py
+	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/ray_polling.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/kueue_load.py
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/head_memory.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(MAKE) chaos
