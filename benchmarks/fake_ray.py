@@ -252,10 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     class TimedVideoJobs(VideoJobs):
         """The real client; each call counted and timed (what the operator asks of the API server)."""
 
-        def _call(self, kind, fn, *call_args):
+        def _call(self, kind, fn, *call_args, **call_kwargs):
             start = time.perf_counter()
             try:
-                return fn(*call_args)
+                return fn(*call_args, **call_kwargs)
             except Exception as exc:
                 # Failed calls by HTTP status (409 Conflict, 404 Gone, 429 Too Many Requests, ...)
                 code = getattr(exc, "status", None) or {"Conflict": 409, "Gone": 404}.get(type(exc).__name__)
