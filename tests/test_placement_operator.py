@@ -436,3 +436,50 @@ def test_a_restarted_operators_queued_job_rewrites_its_place_only_once_it_moved(
     assert [p.get("queue", {}).get("position") for p in written] == [2], \
         f"only `b-moved` rewrites its place, to 2: {written}"
     assert lifecycles["a-same"].shown_place() == 1 and lifecycles["b-moved"].shown_place() == 2
+
+
+def test_a_parked_job_keeps_its_document_compressed_and_runs_it_when_woken(run_with):
+    """While a job waits without a thread its lifecycle keeps no parsed models and no
+    ``managedFields`` (10,000 queued jobs kept a parsed VideoJob each: issue 22's
+    memory goal), only the document it was parsed from, compressed; woken and
+    admitted, it runs that same spec to Succeeded, with no extra GET of the job."""
+    import zlib
+
+    from pydantic import BaseModel
+
+    run = run_with(ScriptedRay(lambda n, req: Script(succeeded(req))))
+    books = run.controller.admissions
+    holder = f"{run.namespace}/holder"
+    books.running(holder, CLASS, 2, 600.0, None, "pool")  # the class is full: the job parks
+    create(run.cluster, run.namespace, tiny_job("parks"))
+    obj = run.controller.ctx.jobs.get(run.namespace, "parks")  # as the operator reads it (kubectl hides these)
+    assert obj["metadata"].get("managedFields"), "the API server wrote managedFields (what must not be kept)"
+    lifecycle = run.controller.lifecycle(run.namespace, "parks", obj["metadata"]["uid"])
+    stopped = threading.Event()
+    assert lifecycle.run(stopped, park=True), "the job did not park in a full class"
+    books.tick()
+    assert lifecycle.run(stopped, park=True), "woken to show its place, the job did not park again"
+
+    kept = [(k, type(v).__name__) for k, v in vars(lifecycle).items() if isinstance(v, BaseModel)]
+    assert kept == [], f"a parked lifecycle holds parsed models: {kept}"
+    blob = lifecycle._parked_job
+    assert isinstance(blob, bytes) and len(blob) < 4096, (type(blob), len(blob or b""))
+    doc = json.loads(zlib.decompress(blob))
+    assert "managedFields" not in doc["metadata"] and "status" not in doc, sorted(doc["metadata"])
+    assert doc["spec"] == obj["spec"] and doc["metadata"]["uid"] == obj["metadata"]["uid"]
+
+    gets = [0]
+    real_get = run.controller.ctx.jobs.get
+
+    def counted_get(*args, **kwargs):
+        gets[0] += 1
+        return real_get(*args, **kwargs)
+
+    run.controller.ctx.jobs.get = counted_get
+    books.cancel(holder)  # its GPUs free: the next pass admits the parked job
+    books.tick()
+    assert lifecycle.run(stopped, park=True) is False, "admitted, the job should have run to its end"
+    assert gets[0] == 0, f"the woken job read itself again {gets[0]} times (its document was kept)"
+    final = run.controller.ctx.jobs.get(run.namespace, "parks")
+    assert final["status"]["phase"] == "Succeeded", final["status"]
+    assert lifecycle._parked_job is None and lifecycle._document is None

@@ -14,6 +14,7 @@ import os
 import socket
 from typing import Any
 
+import aiohttp
 import kopf
 
 from ..api.common import API_GROUP, API_VERSION, PLURAL
@@ -27,6 +28,24 @@ EVENT_POSTERS = 32
 EVENT_POSTER_IDLE_S = 0.05
 FINALIZER_WAIT_S = 15.0  # a deleted job's task: asked to stop, cancelled after 5 s, given up on (retried) after this
 DELETION_WORKERS = 64  # kopf's executor: finalizers (and the other sync handlers) at once
+KOPF_CONNECTIONS = 32  # kopf's HTTPS connections to the API server at once, besides one per watch
+
+
+def bounded_session(info: kopf.ConnectionInfo, watches: int) -> kopf.AiohttpSession:
+    """kopf's own session, with a bounded connection pool.
+
+    Why: kopf's session has no limit on connections, and each TLS connection on
+    asyncio holds a 256 KiB read buffer for as long as the pool keeps it. 2,000
+    jobs created at once opened 1,205 connections for kopf's finalizer patches
+    (census of the 2,000-job run: 1,205 asyncio SSL transports; RSS 533 MiB of
+    which ~70 MiB were Python objects), and the pool kept them. Bounded, a burst
+    waits for a connection instead (``KOPF_CONNECTIONS``, plus one per watch
+    stream, which holds its connection for its whole life)."""
+    connector = aiohttp.TCPConnector(limit=KOPF_CONNECTIONS + max(1, watches), ssl=info.as_ssl_context())
+    session = aiohttp.ClientSession(connector=connector, headers=info.as_http_headers(), proxy=info.proxy_url,
+                                    trust_env=info.trust_env)
+    return kopf.AiohttpSession(aiohttp_session=session, server=info.server, priority=info.priority,
+                               default_namespace=info.default_namespace, expiration=info.expiration)
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -69,10 +88,14 @@ def build_registry(settings: OperatorSettings, controller: Controller | None = N
     controller = controller or Controller(settings, event=_post_event)
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any):
+    async def login(**kwargs: Any):
         # Our own registry has none of kopf's default login handlers: the
-        # kubernetes client's (in-cluster ServiceAccount, else $KUBECONFIG).
-        return kopf.login_via_client(**kwargs)
+        # kubernetes client's (in-cluster ServiceAccount, else $KUBECONFIG), in a
+        # session of our own (async: made on kopf's loop) with a bounded pool.
+        info = kopf.login_via_client(**kwargs)
+        if info is None:
+            return None
+        return bounded_session(info, watches=len(getattr(settings, "namespaces", None) or []))
 
     @kopf.on.startup(registry=registry)
     async def heartbeat(**_: Any) -> None:

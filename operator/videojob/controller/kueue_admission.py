@@ -79,7 +79,7 @@ class KueueQueueing:
                 if self.parking:  # the job runner wakes it when the Workload changes (its watch)
                     version = (wl.get("metadata") or {}).get("resourceVersion")
                     self._kueue_parked, self._kueue_shown, self._last_choice = (name, version), shown, choice
-                    self._parked_job = job
+                    self._park_job(job)
                     raise Parked
                 self._wait(stopped, settings.kueue_poll_interval_s)
                 wl = self._kueue_call(stopped, lambda: kueue.get(self.namespace, name), f"Workload {name}")

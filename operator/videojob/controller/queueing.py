@@ -72,7 +72,7 @@ class Queueing:
                     return admission, spilled
                 return admission, plan
             if position is None:  # parked, and not placed by a pass yet: shown once it is
-                self._parked_job = job
+                self._park_job(job)
                 raise Parked
             clock = time.monotonic()
             if last_place is None or (position != last_place
@@ -87,7 +87,7 @@ class Queueing:
                 last_place = position
                 self._queue_shown = (last_write, last_place)
             if self.parking:  # the job runner waits for the admission without a thread
-                self._parked_job = job
+                self._park_job(job)
                 raise Parked
             self._wait(stopped, self.ctx.settings.poll_interval_s)
 

@@ -19,7 +19,8 @@ coroutine waits without one for:
   (beyond the first ``LIVE_PLACES`` places, a move of a tenth or more, and
   then only as ``PlaceBudget`` allows: ``FAR_PLACE_WRITES_PER_S`` for all of
   them, so a long queue's place writes do not grow with it);
-- its stop (deletion or shutdown): its task's flag, mirrored to the thread's.
+- its stop (deletion or shutdown): its task's flag, mirrored to the thread's
+  (a callback on the spawner's ``StopFlag``; no task a job: ``flags.py``).
 
 In kueue admission mode a job whose Workload waits parks the same way and is
 woken by the Workload watch (``WorkloadCache.listen``) when that Workload
@@ -51,6 +52,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from .admission import Admissions
+from .flags import FlagGroup, SharedFlag, Wake
 from .lifecycle import JobLifecycle
 
 log = logging.getLogger("videojob.controller")
@@ -71,22 +73,31 @@ class JobRunner:
         self._lock = threading.Lock()
         self._starting = Gate(STARTING_AT_ONCE)  # jobs planning, parking or woken, at once
         self.far_places = PlaceBudget(FAR_PLACE_WRITES_PER_S, self.place_interval_s)
+        self.flags = FlagGroup()  # the jobs' stop flags that lifecycle threads wait on (flags.py)
 
     async def run(self, lifecycle: JobLifecycle, stopped) -> None:
         """The job from wherever it is to its end, or until ``stopped`` (kopf's daemon flag)."""
         loop = asyncio.get_running_loop()
-        flag = threading.Event()  # what the lifecycle's thread waits on
-        woken = asyncio.Event()
+        flag = self.flags.flag()  # what the lifecycle's thread waits on
+        woken = Wake()
 
-        halt = asyncio.Event()  # the stop, for waits on this loop
-
-        async def mirror() -> None:
-            await stopped.wait()
+        def on_stop() -> None:
             flag.set()
             woken.set()
-            halt.set()
 
-        mirroring = asyncio.create_task(mirror(), name=f"stop-{lifecycle.key}")
+        mirroring = None
+        if hasattr(stopped, "when_set"):  # the spawner's StopFlag: a callback, no task a job
+            stopped.when_set(on_stop)
+            halt = stopped  # the stop, for waits on this loop
+        else:  # another flag with ``await stopped.wait()`` (kopf's, a test's)
+            halt = asyncio.Event()
+
+            async def mirror() -> None:
+                await stopped.wait()
+                on_stop()
+                halt.set()
+
+            mirroring = asyncio.create_task(mirror(), name=f"stop-{lifecycle.key}")
         turn = NEW
         try:
             while not flag.is_set():
@@ -115,14 +126,18 @@ class JobRunner:
             flag.set()  # kopf gave up waiting: the thread (if any) stops at its next look
             raise
         finally:
-            mirroring.cancel()
+            if mirroring is not None:
+                mirroring.cancel()
+            else:
+                stopped.forget(on_stop)
 
-    async def _wait_for_turn(self, lifecycle: JobLifecycle, loop, woken: asyncio.Event,
-                             flag: threading.Event) -> int:
+    async def _wait_for_turn(self, lifecycle: JobLifecycle, loop, woken: Wake, flag: SharedFlag) -> int:
         """Until the job is admitted, its place moved, or it is stopped; returns the
         turn it then takes at the gate (``WOKEN`` or ``MOVED``)."""
         key = lifecycle.key
         woken.clear()
+        if flag.is_set():
+            return WOKEN  # stopped before this wait began
         workload = lifecycle.parked_workload()
         if workload is not None:
             await self._wait_for_workload(workload, loop, woken, flag)
@@ -142,21 +157,18 @@ class JobRunner:
                         time.monotonic() - parked_at >= self.place_interval_s and worth_showing(shown, place)
                         and (near(shown, place) or self.far_places.take()))):
                     return MOVED
-                try:
-                    # Nothing shown yet: look again at the next pass; else at the place interval.
-                    wait = self.poll_interval_s if shown is None else self.place_interval_s
-                    await asyncio.wait_for(woken.wait(), timeout=wait)
+                # Nothing shown yet: look again at the next pass; else at the place interval.
+                wait = self.poll_interval_s if shown is None else self.place_interval_s
+                if await woken.wait(wait):
                     return WOKEN  # admitted (or stopped)
-                except asyncio.TimeoutError:
-                    pass
             return WOKEN  # stopped
         finally:
             self.admissions.unlisten(key)
             with self._lock:
                 self.parked -= 1
 
-    async def _wait_for_workload(self, workload: tuple[str, str, str | None], loop, woken: asyncio.Event,
-                                 flag: threading.Event) -> None:
+    async def _wait_for_workload(self, workload: tuple[str, str, str | None], loop, woken: Wake,
+                                 flag: SharedFlag) -> None:
         """Until the Workload the job waits for changes (Kueue admitted, evicted or
         deleted it), the recheck is due, or the job is stopped."""
         namespace, name, seen = workload
@@ -178,11 +190,8 @@ class JobRunner:
                 self.parked -= 1
 
     @staticmethod
-    async def _sleep_unless(woken: asyncio.Event, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(woken.wait(), timeout=seconds)
-        except asyncio.TimeoutError:
-            pass
+    async def _sleep_unless(woken: Wake, seconds: float) -> None:
+        await woken.wait(seconds)
 
     def stop(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

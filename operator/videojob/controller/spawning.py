@@ -22,19 +22,42 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
+
+from .flags import FlagGroup, SharedFlag
 
 log = logging.getLogger("videojob.spawning")
 
 
 class StopFlag(asyncio.Event):
     """What the job runner awaits (``await stopped.wait()``) and tests (``if stopped``),
-    as it did kopf's ``DaemonStopped``."""
+    as it did kopf's ``DaemonStopped``; ``when_set`` callbacks run (on the loop) when it is
+    set, so the runner mirrors the stop to its thread's flag without a task a job."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], None]] = []
 
     def __bool__(self) -> bool:
         return self.is_set()
+
+    def set(self) -> None:
+        first = not self.is_set()
+        super().set()
+        if first:
+            for callback in list(self._callbacks):
+                callback()
+
+    def when_set(self, callback: Callable[[], None]) -> None:
+        """``callback()`` when the flag is set (at once if it is)."""
+        self._callbacks.append(callback)
+        if self.is_set():
+            callback()
+
+    def forget(self, callback: Callable[[], None]) -> None:
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
 
 
 @dataclass
@@ -42,7 +65,7 @@ class _Task:
     uid: str
     flag: StopFlag
     task: asyncio.Task | None = None
-    ended: threading.Event = field(default_factory=threading.Event)  # the finalizer's thread waits on it
+    ended: SharedFlag = field(default_factory=SharedFlag)  # the finalizer's thread waits on it (flags.py)
 
 
 RunJob = Callable[[str, str, str, StopFlag], Awaitable[None]]  # (namespace, name, uid, stopped)
@@ -57,6 +80,7 @@ class Spawner:
         self._done: set[str] = set()  # uids whose task returned: never started again (until the job is gone)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
+        self._ended = FlagGroup()  # the tasks' ends, which finalizer threads wait on
 
     @property
     def running(self) -> int:
@@ -79,7 +103,7 @@ class Spawner:
             return
         if current is not None or self._closing or not wanted or uid in self._done:
             return
-        entry = _Task(uid=uid, flag=StopFlag())
+        entry = _Task(uid=uid, flag=StopFlag(), ended=self._ended.flag())
         entry.task = asyncio.create_task(self._run(namespace, name, entry), name=f"videojob-{key}")
         self._tasks[key] = entry
 
