@@ -31,7 +31,8 @@ Then the jobs are deleted while the operator runs (its finalizer), the operator
 is stopped and the namespace deleted: nothing is left behind.
 
 Writes benchmarks/results/operator_load.json (machine.write_result: commit,
-machine, command). Exit 1 when the goal is missed or a job failed.
+machine, command). Exit 1 when a job failed or was not planned and queued by
+the deadline (a missed goal is a result: goalMet false).
 
     python benchmarks/operator_load.py [--jobs 1000] [--delay-s 0] [--pin-class l40-48]
 
@@ -283,8 +284,11 @@ def run(args: argparse.Namespace) -> int:
                      "benchmarkProcessCpuSeconds: this script (creates and the tracker's watch), time.process_time.",
         }
         # A missed goal is a result (goalMet: false in the JSON, NOT met in the summary),
-        # not a broken run: the exit code says whether every job came through.
-        ok = all_done
+        # not a broken run: the exit code says whether every job came through, planned and
+        # queued with none failed. The drain after that goes at the scheduler's pace (48 GPUs;
+        # 10,000 jobs drain for longer than a bench's deadline): allSucceededSeconds is null
+        # when it did not end by the deadline, and the run still counts.
+        ok = all_queued and not failures
     finally:
         finish(cluster, admin, namespace, operator, tracker)
     if not result:
