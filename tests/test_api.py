@@ -88,7 +88,9 @@ def test_yaml_boolean_off_gets_a_hint():
         ("local://../x", False),
         ("local:///etc", False),
         ("pvc://Bad_Name/x", False),
-        ("s3://bucket/x", False),
+        ("s3://bucket/x", True),
+        ("gs://bucket/x", False),
+        ("s3://bucket/../x", False),
         ("local://", False),
         ("pvc://videos//tmp/x", False),  # issue 8: an empty segment after the claim made it /tmp/x
         ("local://videos/%2e%2e/x", False),

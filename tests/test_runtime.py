@@ -322,7 +322,9 @@ def test_uri_locations(monkeypatch, tmp_path):
     assert resolve("some/dir", "output", "spec.output.uri", local_dir=tmp_path) == tmp_path.resolve() / "some/dir"
     with pytest.raises(JobFailure, match="spec.output.uri: 'some/dir' has no scheme"):
         resolve("some/dir", "output", "spec.output.uri")
-    with pytest.raises(JobFailure, match="spec.output.uri: 's3://bucket/key' must start with one of"):
+    with pytest.raises(JobFailure, match="spec.output.uri: 'gs://bucket/key' must start with one of"):
+        resolve("gs://bucket/key", "output", "spec.output.uri")
+    with pytest.raises(JobFailure, match="spec.output.uri: 's3://bucket/key' is not a file on this machine"):
         resolve("s3://bucket/key", "output", "spec.output.uri")
     with pytest.raises(JobFailure, match="spec.model.source: 'hf://a/b' is not a file on this machine"):
         resolve("hf://a/b", "source", "spec.model.source")

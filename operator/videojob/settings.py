@@ -74,6 +74,46 @@ class RunSettings(BaseSettings):
                     "before it could clean up) is removed by the next driver that stages inputs.")
 
 
+class S3Settings(BaseSettings):
+    """The cluster admin's S3 store for s3:// outputs, inputs and model sources.
+
+    Credentials are never here nor in a spec: boto3's own chain reads them
+    (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY from the chart's Secret, or
+    a web identity token where the cloud offers workload identity)."""
+
+    model_config = SettingsConfigDict(env_prefix="VIDEOJOB_S3_", extra="ignore")
+
+    endpoint_url: Optional[str] = Field(
+        default=None, description="The S3 endpoint, e.g. https://s3.eu-west-1.amazonaws.com or a local server "
+                                  "(unset: AWS's endpoint for the region).")
+    region: str = Field(default="us-east-1", description="The region requests are signed for.")
+    addressing_style: str = Field(default="path", pattern="^(path|virtual|auto)$",
+                                  description="path (BUCKET in the path: most self-hosted servers) or virtual "
+                                              "(BUCKET in the host name).")
+    buckets: Optional[str] = Field(
+        default=None, description="Comma-separated buckets a job may name (unset: any the credentials reach); a "
+                                  "job's keys are under its namespace's prefix either way.")
+    cache_root: Optional[str] = Field(
+        default=None, description="Where s3:// inputs and model sources are downloaded once per pod (a volume "
+                                  "every rank of the pod mounts; unset: VIDEOJOB_INPUT_STAGING_ROOT/s3-cache, "
+                                  "else the system temp dir).")
+    staging_root: Optional[str] = Field(
+        default=None, description="Where an s3:// output's files and checkpoints are written before they are "
+                                  "uploaded (unset: the cache root's outputs/ directory).")
+    part_bytes: int = Field(default=8 * 2**20, ge=5 * 2**20, le=5 * 2**30,
+                            description="Multipart upload part size; files up to this size go in one PUT.")
+    model_max_bytes: int = Field(default=200 * 2**30, gt=0,
+                                 description="Most bytes an s3:// model source may download in all.")
+    presign_expiry_s: int = Field(default=0, ge=0, le=7 * 86400,
+                                  description="Seconds a presigned URL of the video in the job's result lasts "
+                                              "(0: no presigned URL).")
+    timeout_s: float = Field(default=60.0, gt=0, description="Seconds to connect to the store and for each read.")
+
+    def bucket_allowed(self, bucket: str) -> bool:
+        listed = [b.strip() for b in (self.buckets or "").split(",") if b.strip()]
+        return not listed or bucket in listed
+
+
 class OperatorSettings(BaseSettings):
     """``videojob operator`` (kopf inside): where Ray is, what the cluster offers, how often to look."""
 

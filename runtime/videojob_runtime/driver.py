@@ -121,7 +121,16 @@ def job_request(request: DriverRequest):
     job["namespace"] = request.namespace  # every rank resolves the job's locations in its namespace's directory
     # The default: <output root>/<namespace>/<name> (where it was before locations were per namespace).
     uri = request.output_uri or f"local://{request.name}"
-    output_dir = resolve(uri, "output", "spec.output.uri", namespace=request.namespace)
+    if job.get("output_object") is not None:
+        raise ValueError("job.output_object is the driver's to set, from the request's output_uri")
+    if uri.startswith("s3://"):  # staged on the pod's volume, uploaded there (s3outputs); the bucket asked now
+        from .s3outputs import check_bucket, staging_dir
+
+        check_bucket(uri, request.namespace)
+        output_dir = staging_dir(uri, request.namespace, job.get("output_name") or request.name)
+        job["output_object"] = uri
+    else:
+        output_dir = resolve(uri, "output", "spec.output.uri", namespace=request.namespace)
     _check_writable(output_dir, uri)
     job["output_dir"] = str(output_dir)
     job.setdefault("output_name", request.name)

@@ -46,10 +46,25 @@ INPUT_FIELDS = {"spec.image": ("image", "image"), "spec.faceImage": ("face_image
 def resolve_input(uri: str, field: str, local_dir: str | None = None, namespace: str | None = None) -> Path:
     """The local file behind an input uri, contained in its root, and in the job's namespace's
     directory there when it has one (``locations.resolve``)."""
+    if uri.startswith("s3://"):  # the pod's cached copy, downloaded once (s3store.download)
+        return s3_input(uri, field, namespace)
     if uri.startswith("https://"):
         raise JobFailure(f"{field}: {redact_url(uri)} was not fetched by the job's driver: a rank never downloads "
                          "an input itself (the driver stages https inputs once per job)", stage="inputs", field=field)
     return resolve(uri, "input", field, local_dir=local_dir, namespace=namespace)
+
+
+def s3_input(uri: str, field: str, namespace: str | None = None) -> Path:
+    """An s3:// input's copy in the pod's cache: one download per pod (ranks wait on a lock), its size
+    bounded like an https input's (VIDEOJOB_INPUT_MAX_BYTES), its bytes checked against the ETag."""
+    from videojob.settings import S3Settings
+
+    from . import s3store
+
+    settings = S3Settings()
+    where = s3store.locate(uri, "input", field, namespace, settings)
+    return s3store.download(s3store.client(settings), where, settings, RunSettings().input_max_bytes,
+                            "VIDEOJOB_INPUT_MAX_BYTES", name=uri.rsplit("/", 1)[-1] or "object")
 
 
 def load_image(uri: str, width: int, height: int, field: str = "spec.image", local_dir: str | None = None,

@@ -148,6 +148,12 @@ def output_location(job: VideoJob, out_dir: Path | None, settings: RunSettings) 
         return out_dir, note
     if spec_uri is None:
         return Path(settings.output_root), f"spec.output is unset: {settings.output_root}"
+    if spec_uri.startswith("s3://"):  # staged on this machine, then uploaded (s3outputs); the bucket asked now
+        from .s3outputs import check_bucket, staging_dir
+
+        where = check_bucket(spec_uri, None)
+        path = staging_dir(spec_uri, None, output_name(job))
+        return path, f"spec.output.uri {spec_uri} -> {where.object_uri} (staged in {path})"
     from .locations import resolve
 
     # local:// under VIDEOJOB_OUTPUT_ROOT (default ./out for `videojob run`), pvc:// under the claim's mount;
@@ -229,6 +235,9 @@ def check_inputs(request: JobRequest, inputs_root: Path, how_to_set: str = "VIDE
     for field, uri in input_files(request):
         if uri.startswith("https://"):
             continue
+        if uri.startswith("s3://"):
+            _check_s3_input(uri, field)
+            continue
         path = resolve(uri, "input", field, root=inputs_root)
         if path.is_file():
             continue
@@ -240,6 +249,21 @@ def check_inputs(request: JobRequest, inputs_root: Path, how_to_set: str = "VIDE
             where = f"pvc://CLAIM/path is read under VIDEOJOB_VOLUMES_ROOT/CLAIM, here {volumes_root()}"
         raise JobFailure(f"{field}: {what} {uri} {found}: it resolves to {path} ({where})",
                          stage="inputs", field=field, resolved=str(path))
+
+
+def _check_s3_input(uri: str, field: str) -> None:
+    """An s3:// input is there and within the size limit, asked before anything starts."""
+    from videojob.settings import S3Settings
+
+    from . import s3store
+
+    settings = S3Settings()
+    where = s3store.locate(uri, "input", field, None, settings)
+    size = int(s3store._head(s3store.client(settings), where).get("ContentLength", 0))
+    limit = RunSettings().input_max_bytes
+    if size > limit:
+        raise JobFailure(f"{field}: {uri} is {size} bytes, larger than {limit} (VIDEOJOB_INPUT_MAX_BYTES): use a "
+                         "smaller file", stage="inputs", field=field, limit=limit)
 
 
 def output_name(job: VideoJob) -> str:
@@ -257,8 +281,10 @@ def output_name(job: VideoJob) -> str:
     return job.name
 
 
-def job_request(job: VideoJob, layout_json: dict[str, Any], out_dir: Path | None) -> JobRequest:
-    """The request every rank gets; an unset seed is drawn here, once for all ranks."""
+def job_request(job: VideoJob, layout_json: dict[str, Any], out_dir: Path | None,
+                output_object: str | None = None) -> JobRequest:
+    """The request every rank gets; an unset seed is drawn here, once for all ranks.
+    ``output_object``: an s3:// output, staged in ``out_dir`` and uploaded from there."""
     from videojob.jobrequest import job_fields, seed_for
 
     name = output_name(job)
@@ -268,7 +294,7 @@ def job_request(job: VideoJob, layout_json: dict[str, Any], out_dir: Path | None
         from .checkpoint import job_directory
 
         fields["checkpoint_dir"] = str(job_directory(Path(out_dir), fields))
-    return JobRequest(**fields, output_dir=str(out_dir) if out_dir else None)
+    return JobRequest(**fields, output_dir=str(out_dir) if out_dir else None, output_object=output_object)
 
 
 def _error(reason: str, stage: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -304,11 +330,14 @@ def run_local(job: VideoJob, out_dir: Path | None = None, on_progress: Callable[
     inputs_root = Path(os.path.abspath(inputs_dir if inputs_dir is not None else local_root("input")))
     try:
         directory, where = output_location(job, out_dir, settings)
-        request = job_request(job, layout, directory.resolve())
+        spec_uri = job.spec.output.uri if job.spec.output else None
+        s3_output = spec_uri if out_dir is None and spec_uri and spec_uri.startswith("s3://") else None
+        request = job_request(job, layout, directory.resolve(), s3_output)
         check_inputs(request, inputs_root, inputs_setting)
         field = output_field(job, out_dir)
         if field == "spec.output.uri":
             hint = ("pvc://CLAIM/path is under VIDEOJOB_VOLUMES_ROOT/CLAIM" if job.spec.output.uri.startswith("pvc://")
+                    else "s3:// outputs are staged under VIDEOJOB_S3_STAGING_ROOT" if s3_output
                     else "local:// outputs go under VIDEOJOB_OUTPUT_ROOT") + "; --out overrides"
         else:
             hint = "" if field == "--out" else "VIDEOJOB_OUTPUT_ROOT names it; --out overrides"
@@ -361,7 +390,13 @@ def run_local(job: VideoJob, out_dir: Path | None = None, on_progress: Callable[
         document = {"job": request.job_id, "ok": False, "error": result["error"], "plan": layout,
                     "seed": request.seed, "spec": job.spec.to_wire()}
         try:
-            out["output"] = {"result": str(write_failure(directory, request.output_name, document))}
-        except OSError as exc:
+            if request.output_object:
+                from .s3outputs import upload_failure
+
+                out["output"] = {"result": upload_failure(request.output_object, None, request.output_name,
+                                                          document)}
+            else:
+                out["output"] = {"result": str(write_failure(directory, request.output_name, document))}
+        except (OSError, JobFailure) as exc:
             log.error("could not write the failure record: %s", exc)
     return out

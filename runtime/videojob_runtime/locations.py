@@ -96,7 +96,8 @@ def resolve(uri: str, kind: Kind, field: str, *, root: str | Path | None = None,
     if not uri.startswith(("local://", "pvc://")):
         scheme = uri.split("://", 1)[0]
         raise JobFailure(f"{field}: {uri!r} is not a file on this machine ({scheme}:// is resolved elsewhere: "
-                         "hf:// from the hub cache, https:// fetched by the job's driver)", stage=stage, field=field)
+                         "hf:// from the hub cache, https:// fetched by the job's driver, s3:// downloaded into the pod's "
+                         "cache or uploaded from its staging directory)", stage=stage, field=field)
     if namespace is None:
         return _contained(*_base(uri, kind, root), uri, field, stage)
     problem = namespace_problem(namespace)

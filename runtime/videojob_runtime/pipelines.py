@@ -247,7 +247,7 @@ def resolve_source(model_id: str, source: str | None, namespace: str | None = No
     if uri.startswith("hf://"):
         repo, _, revision = check_uri(uri, "source", "spec.model.source").removeprefix("hf://").partition("@")
         return hub_snapshot(repo, revision or None)
-    path = resolve(uri, "source", "spec.model.source", namespace=namespace)  # contained: locations.resolve
+    path = source_path(uri, namespace)
     if not (path / "model_index.json").exists():
         raise ModelSourceMissing(
             f"no diffusers model at {path} (model_index.json missing): check spec.model.source "
@@ -255,6 +255,20 @@ def resolve_source(model_id: str, source: str | None, namespace: str | None = No
             stage="load",
         )
     return path
+
+
+def source_path(uri: str, namespace: str | None = None) -> Path:
+    """The local directory of a pvc://, local:// or s3:// model source: s3:// is the pod's cached copy
+    (downloaded once per pod, ``s3store.download_prefix``), then read like a pvc:// one."""
+    if uri.startswith("s3://"):
+        from videojob.settings import S3Settings
+
+        from . import s3store
+
+        settings = S3Settings()
+        where = s3store.locate(uri, "source", "spec.model.source", namespace, settings)
+        return s3store.download_prefix(s3store.client(settings), where, settings)
+    return resolve(uri, "source", "spec.model.source", namespace=namespace)  # contained: locations.resolve
 
 
 def hub_snapshot(repo: str, revision: str | None = None) -> Path:
@@ -296,7 +310,7 @@ def _load_animatediff(model_id: str, source: str | None, dtype: str, namespace: 
         repo, _, revision = check_uri(uri, "source", "spec.model.source").removeprefix("hf://").partition("@")
         path = hub_snapshot(repo, revision or None)
     else:
-        path = resolve(uri, "source", "spec.model.source", namespace=namespace)
+        path = source_path(uri, namespace)
     if (path / "model_index.json").exists():  # a whole AnimateDiffPipeline
         return clip_text_model_compat(AnimateDiffPipeline.from_pretrained(path, dtype=torch_dtype(dtype)))
     if not _is_motion_adapter(path):

@@ -14,7 +14,7 @@ from typing import Any
 
 from videojob.api.uris import name_problem
 
-STAGES = ("load", "inputs", "encode", "denoise", "decode", "write")
+STAGES = ("load", "inputs", "encode", "denoise", "decode", "write", "upload")  # upload: between s3:// objects
 FAULT_KINDS = ("error", "oom", "exit", "stall")
 # Stages of the group's start, not of a job: the driver hands such a fault to
 # ``GroupSpec.rendezvous_fault`` (a rank's process dying while the group forms).
@@ -98,6 +98,9 @@ class JobRequest:
     cache: str = "off"
     cache_threshold: float | None = None
     output_dir: str | None = None
+    # An s3:// output (spec.output.uri): the files are written to output_dir (its
+    # staging directory on the pod's volume) and then uploaded there (s3outputs).
+    output_object: str | None = None
     output_name: str = "video"  # the job's name (metadata.name): its files are NAME.mp4, .png, .json
     # Without output_dir the frames come back: "uint8" (video) or "float32" (tests compare these).
     frames_dtype: str = "uint8"

@@ -333,10 +333,17 @@ class RankWorker:
                    "cache": result["cache"]}
         written = write_outputs(video, Path(req.output_dir), req.output_name, req.fps, summary,
                                 between_files=lambda: gate._inject("write"))
+        output = {"video": str(written.video), "poster": str(written.poster), "result": str(written.result),
+                  "bytes": written.video_bytes}
+        if req.output_object:  # s3://: staged here, uploaded with the result JSON last
+            from .s3outputs import upload_outputs
+
+            uploaded = upload_outputs(written, req.output_object, req.namespace,
+                                      between=lambda _name: gate._inject("upload"))
+            output = {k: uploaded[k] for k in ("video", "poster", "result", "bytes", "uploadSeconds",
+                                                "videoUrl", "videoUrlExpires") if k in uploaded}
         timings["write"] = time.perf_counter() - start
-        return {"frames_shape": list(frames.shape), "frames_digest": digest,
-                "output": {"video": str(written.video), "poster": str(written.poster),
-                           "result": str(written.result), "bytes": written.video_bytes}}
+        return {"frames_shape": list(frames.shape), "frames_digest": digest, "output": output}
 
     def _checkpoint_plan(self, req: JobRequest):
         """(plan, refused checkpoints): the ranks agree on the step they resume from."""

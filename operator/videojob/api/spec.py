@@ -76,7 +76,8 @@ class ModelSpec(WireModel):
     source: Optional[SourceUri] = Field(
         default=None,
         description="Where the weights live: hf://ORG/NAME[@REVISION] (from the offline hub cache), "
-                    "pvc://CLAIM/path or local://path (a diffusers model directory). "
+                    "pvc://CLAIM/path, local://path or s3://BUCKET/prefix (a diffusers model directory; "
+                    "s3:// is downloaded once per pod into the cache volume). "
                     "Default: the catalog's hub id.",
     )
     dtype: DType = Field(default="bfloat16", description="Compute dtype of the weights: bfloat16 (default), "
@@ -191,7 +192,8 @@ class OutputSpec(WireModel):
     """Where the mp4, poster and result JSON go."""
 
     uri: OutputUri = Field(description="Directory for NAME.mp4, NAME.png and NAME.json: pvc://CLAIM/path "
-                                       "or local://path, never outside its root.")
+                                       "local://path or s3://BUCKET/prefix (uploaded, NAME.json last), never outside its "
+                                       "root or the namespace's prefix.")
 
 
 class CheckpointSpec(WireModel):
@@ -218,8 +220,8 @@ class VideoJobSpec(WireModel):
     seed: Optional[int] = Field(default=None, ge=0, le=SEED_MAX,
                                 description="Random seed (0 to 2^32-1); the same seed and spec give the same "
                                             "frames. Default: drawn at random and recorded in the result.")
-    image: Optional[InputUri] = Field(default=None, description="Conditioning image for i2v: pvc://, local:// "
-                                                                "or https:// (PNG or JPEG).")
+    image: Optional[InputUri] = Field(default=None, description="Conditioning image for i2v: pvc://, local://, "
+                                                                "https:// or s3:// (PNG or JPEG).")
     face_image: Optional[InputUri] = Field(default=None, description="Face image for identity (ConsisID), with "
                                                                      "its embeddings at <uri>.npz.")
     video: VideoSpec = Field(default_factory=VideoSpec, description="Size, length and frame rate of the video.")

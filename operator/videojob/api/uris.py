@@ -11,9 +11,15 @@ Schemes:
   hf://ORG/NAME[@REV]    a hub id resolved from an offline cache (sources only)
   https://HOST/path      fetched once per job by the driver (input images only;
                          plain http is refused: anyone on the path could swap it)
+  s3://BUCKET/key/path   an object (inputs), a key prefix (outputs, model
+                         sources) in the admin's S3 store (endpoint, region and
+                         credentials from the runtime's settings, never the
+                         spec); an operator job's keys are under its
+                         namespace's prefix, BUCKET/<namespace>/key/path
 
 Containment: a spec is written by a user the runtime must not trust, and the
-path part of a pvc:// or local:// uri becomes a file name on the actors. So it
+path part of a pvc://, local:// or s3:// uri becomes a file name on the
+actors (an s3:// key is also cached under its own name). So it
 is relative and normalised: no leading '/', no empty ('//'), '.' or '..'
 segments, no backslash, no control character (C0, DEL, C1), no invisible
 Unicode character nor one that looks like or folds (NFKC) to '/', '\\' or
@@ -44,7 +50,7 @@ from .common import Cel
 UriKind = Literal["output", "input", "source"]
 MAX_URI_LENGTH = 1024
 
-_PATH_SCHEMES = r"^(pvc|local)://"
+_PATH_SCHEMES = r"^(pvc|local|s3)://"
 # Unicode characters that are invisible (zero-width, bidi controls, BOM), that
 # are spaces other than ' ', or that look like or NFKC-fold to '/', '\' or '.'
 # (U+2024 ONE DOT LEADER folds to '.', U+2025 to '..', U+FF0F to '/'). Listed
@@ -111,8 +117,8 @@ _NO_HTTP = Cel(
     message="http:// is refused: use https:// (an image fetched in clear text can be swapped on the way)",
     check=lambda v: not v.startswith("http://"),
 )
-_HAS_LOCATION = _require(r"^[a-z]+://[^/]", "must name a location after the scheme, e.g. local://videos/my-job")
-_NOT_ABSOLUTE = _forbid(r"^[a-z]+:///", "must not be an absolute path: write scheme://name/path with no leading '/'")
+_HAS_LOCATION = _require(r"^[a-z][a-z0-9]*://[^/]", "must name a location after the scheme, e.g. local://videos/my-job")
+_NOT_ABSOLUTE = _forbid(r"^[a-z][a-z0-9]*:///", "must not be an absolute path: write scheme://name/path with no leading '/'")
 _NO_CONTROL = _forbid(r"[\x00-\x1f\x7f-\x9f]",
                       "must not contain control characters (newline, tab, NUL, DEL and the like)")
 _NO_LOOKALIKE = _forbid(f"[{_LOOKALIKES}]",
@@ -142,6 +148,20 @@ _HF_ID = _require(
     "hf:// must be followed by ORG/NAME[@REVISION], e.g. hf://THUDM/CogVideoX-5b",
     only_for="hf://",
 )
+# S3's rule for bucket names (3-63 lower-case letters, digits, '.' and '-',
+# starting and ending with a letter or digit); the key after it is a path
+# under the rules above, and never carries a query, fragment or credentials.
+_S3_FORM = _require(
+    r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^?#@]*)?$",
+    "s3:// must be followed by a bucket name (3-63 lower-case letters, digits, '.' and '-') and an optional "
+    "/key/path with no '?', '#' or '@' (credentials and signatures come from the cluster's settings, never "
+    "the spec), e.g. s3://videos/my-job",
+    only_for="s3://",
+)
+_S3_BUCKET_DOTS = _forbid(
+    r"^s3://[^/]*([.][.]|[.]-|-[.])",
+    "s3:// bucket names must not contain '..', '.-' or '-.' (S3's bucket rule)",
+)
 _HTTPS_NO_USERINFO = _forbid(
     r"^https://[^/?#]*@",
     "must not carry credentials (user:password@ before the host): anyone who can read the job could read them",
@@ -169,12 +189,12 @@ _HTTPS_FORM = _require(
 # Order sets which message a value breaking several rules gets: what it is
 # (scheme), then what it contains, then its structure.
 _CONTAINED = (_NO_CONTROL, _NO_LOOKALIKE, _NO_BACKSLASH, _NO_PERCENT, _NO_EMPTY_SEGMENT,
-              _NO_DOT_SEGMENT, _PVC_CLAIM)
+              _NO_DOT_SEGMENT, _PVC_CLAIM, _S3_FORM, _S3_BUCKET_DOTS)
 URI_RULES: dict[str, tuple[Cel, ...]] = {
-    "output": (_schemes_rule(("pvc", "local")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED),
-    "input": (_NO_HTTP, _schemes_rule(("pvc", "local", "https")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED,
+    "output": (_schemes_rule(("pvc", "local", "s3")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED),
+    "input": (_NO_HTTP, _schemes_rule(("pvc", "local", "https", "s3")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED,
               _HTTPS_NO_USERINFO, _HTTPS_NO_SECRET_QUERY, _HTTPS_FORM),
-    "source": (_schemes_rule(("hf", "pvc", "local")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED, _HF_ID),
+    "source": (_schemes_rule(("hf", "pvc", "local", "s3")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED, _HF_ID),
 }
 
 

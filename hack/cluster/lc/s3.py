@@ -1,0 +1,78 @@
+"""A real S3 server on loopback for tests and benchmarks: rclone's `serve s3`.
+
+rclone (tools/rclone, built by build-gotool.sh and cached like the cluster's
+tools) serves a directory over the S3 API: each folder of DIR is a bucket,
+objects are its files. It checks SigV4 signatures against the one key pair
+it is given (``--auth-key``), so wrong credentials are refused as AWS would
+refuse them, and it speaks multipart uploads (their parts are kept apart
+until the upload completes or is aborted).
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from .binaries import resolve_tool_bin_dir
+from .procs import free_port, start_process, stop_pid, wait_until
+
+
+def rclone_bin_dir(build: bool) -> Path:
+    """tools/rclone's bin dir (build-gotool.sh; VIDEOJOB_RCLONE_BIN_DIR overrides)."""
+    return resolve_tool_bin_dir("rclone", "rclone", "VIDEOJOB_RCLONE_BIN_DIR", build)
+
+
+@dataclass
+class S3Server:
+    """One running `rclone serve s3`: its endpoint, its key pair and the directory behind it."""
+
+    endpoint: str
+    access_key: str
+    secret_key: str
+    root: Path
+    proc: subprocess.Popen
+    exe: str
+    log_path: Path
+
+    def env(self) -> dict[str, str]:
+        """What a runtime needs to use it (the settings a chart's Secret and values would set)."""
+        return {"VIDEOJOB_S3_ENDPOINT_URL": self.endpoint, "VIDEOJOB_S3_REGION": "us-east-1",
+                "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
+
+    def stop(self) -> None:
+        stop_pid(self.proc.pid, self.exe, "rclone serve s3", grace=5.0)
+
+
+def _answers(endpoint: str) -> bool:
+    try:
+        urllib.request.urlopen(endpoint + "/", timeout=2)  # noqa: S310 - our own loopback server
+    except urllib.error.HTTPError:
+        return True  # 403 to an unsigned request: it is up and checking signatures
+    except OSError:
+        return False
+    return True
+
+
+def start_s3_server(root: Path, log_path: Path, build: bool = True, timeout_s: float = 60.0) -> S3Server:
+    """Start `rclone serve s3` over ``root`` on a free loopback port with a fresh key pair; wait until it answers."""
+    exe = str(rclone_bin_dir(build) / "rclone")
+    root.mkdir(parents=True, exist_ok=True)
+    access, secret = "vj" + secrets.token_hex(8), secrets.token_hex(20)
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    argv = [exe, "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key", f"{access},{secret}",
+            "--config", "/dev/null", "--vfs-cache-mode", "off",
+            "--log-level", "INFO", str(root)]
+    proc = start_process("rclone serve s3", argv, log_path)
+    server = S3Server(endpoint, access, secret, root, proc, exe, log_path)
+    try:
+        wait_until(f"rclone serve s3 to answer at {endpoint}", lambda: _answers(endpoint), timeout_s, proc=proc,
+                   log_path=log_path)
+    except BaseException:
+        server.stop()
+        raise
+    return server
