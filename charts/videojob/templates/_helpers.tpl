@@ -180,6 +180,42 @@ The data volume (the claim, or an emptyDir when persistence is off), /tmp and
 - name: VIDEOJOB_SHARED_MODEL_ROOTS
   value: {{ join "," . | quote }}
 {{- end }}
+{{- with .Values.runtime.s3 }}
+{{- if or .endpointUrl .credentialsSecret }}
+{{- /* s3:// locations (runtime s3store.py): the store, the pod's download cache and the outputs'
+staging on the data volume, and the credentials from the admin's Secret, never from a spec */}}
+{{- with .endpointUrl }}
+- name: VIDEOJOB_S3_ENDPOINT_URL
+  value: {{ . | quote }}
+{{- end }}
+- name: VIDEOJOB_S3_REGION
+  value: {{ .region | quote }}
+- name: VIDEOJOB_S3_ADDRESSING_STYLE
+  value: {{ .addressingStyle | quote }}
+{{- with .buckets }}
+- name: VIDEOJOB_S3_BUCKETS
+  value: {{ join "," . | quote }}
+{{- end }}
+- name: VIDEOJOB_S3_CACHE_ROOT
+  value: {{ printf "%s/s3-cache" $data | quote }}
+- name: VIDEOJOB_S3_STAGING_ROOT
+  value: {{ printf "%s/s3-staging" $data | quote }}
+- name: VIDEOJOB_S3_PRESIGN_EXPIRY_S
+  value: {{ .presignExpiryS | int | quote }}
+{{- if .credentialsSecret }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ .credentialsSecret | quote }}
+      key: {{ .accessKeyIdKey | quote }}
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .credentialsSecret | quote }}
+      key: {{ .secretAccessKeyKey | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- /* Ray's job manager (on the head) fails a job whose JobSupervisor waits longer than this
 for its resources (default 15 min): a driver waiting for a free vj-driver slot may wait as
 long as a placement may (operator.settings.placementMaxWaitS). */}}
