@@ -259,11 +259,7 @@ def _check_s3_input(uri: str, field: str) -> None:
 
     settings = S3Settings()
     where = s3store.locate(uri, "input", field, None, settings)
-    size = int(s3store._head(s3store.client(settings), where).get("ContentLength", 0))
-    limit = RunSettings().input_max_bytes
-    if size > limit:
-        raise JobFailure(f"{field}: {uri} is {size} bytes, larger than {limit} (VIDEOJOB_INPUT_MAX_BYTES): use a "
-                         "smaller file", stage="inputs", field=field, limit=limit)
+    s3store.checked_head(s3store.client(settings), where, RunSettings().input_max_bytes, "VIDEOJOB_INPUT_MAX_BYTES")
 
 
 def output_name(job: VideoJob) -> str:

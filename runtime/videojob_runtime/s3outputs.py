@@ -26,7 +26,6 @@ from typing import Any, Callable
 from videojob.settings import S3Settings
 
 from . import s3store
-from .errors import JobFailure
 from .output import WrittenOutput
 
 FIELD = "spec.output.uri"
@@ -50,12 +49,8 @@ def check_bucket(uri: str, namespace: str | None, settings: S3Settings | None = 
     s3 = s3 or s3store.client(settings)
     try:
         s3.head_bucket(Bucket=where.bucket)
-    except s3store._store_errors() as exc:
-        failure = s3store.failure(exc, where, "checking the bucket")
-        if failure.details.get("code") in ("404", "NoSuchBucket", "NotFound"):
-            failure = JobFailure(f"{FIELD}: {uri}: bucket {where.bucket} does not exist: create it, or name an "
-                                 "existing one", stage="write", field=FIELD, code="NoSuchBucket")
-        raise failure from None
+    except s3store.store_errors() as exc:
+        raise s3store.failure(exc, where, "checking the bucket", of_bucket=True) from None
     return where
 
 
@@ -107,7 +102,7 @@ def _only_outputs(written: WrittenOutput) -> bool:
 def _remove(s3, target: s3store.S3Object) -> None:
     try:
         s3store.delete(s3, target)
-    except s3store._store_errors() as exc:
+    except s3store.store_errors() as exc:
         raise s3store.failure(exc, target, "removing an earlier result") from None
 
 
@@ -124,6 +119,6 @@ def upload_failure(uri: str, namespace: str | None, name: str, document: dict[st
     body = (json.dumps(document, indent=2, default=str) + "\n").encode()
     try:
         s3.put_object(Bucket=target.bucket, Key=target.key, Body=body, ContentType="application/json")
-    except s3store._store_errors() as exc:
+    except s3store.store_errors() as exc:
         raise s3store.failure(exc, target, "uploading the failure record") from None
     return target.object_uri

@@ -97,8 +97,9 @@ def client(settings: S3Settings | None = None):
     return boto3.session.Session().client("s3", endpoint_url=settings.endpoint_url, config=config)
 
 
-def failure(exc: BaseException, where: S3Object, doing: str) -> JobFailure:
-    """A boto3 error as a JobFailure naming the field, saying which fix applies."""
+def failure(exc: BaseException, where: S3Object, doing: str, of_bucket: bool = False) -> JobFailure:
+    """A boto3 error as a JobFailure naming the field, saying which fix applies. ``of_bucket``: the call
+    asked for the bucket itself (HeadBucket), whose bare 404 means the bucket is missing."""
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
     shown = f"{where.field}: {where.uri}"
@@ -112,7 +113,7 @@ def failure(exc: BaseException, where: S3Object, doing: str) -> JobFailure:
         if code in _AUTH_CODES:
             text = (f"the store refused the credentials ({code}): the cluster admin's S3 credentials are wrong "
                     f"or may not use bucket {where.bucket}")
-        elif code in _MISSING_BUCKET:
+        elif code in _MISSING_BUCKET or (of_bucket and code in _MISSING_KEY):
             text = f"bucket {where.bucket} does not exist: create it, or name an existing one"
         elif code in _MISSING_KEY:
             text = f"no object {where.key} in bucket {where.bucket}: check the uri"
@@ -125,7 +126,8 @@ def failure(exc: BaseException, where: S3Object, doing: str) -> JobFailure:
     return JobFailure(f"{shown}: {doing} failed: {exc}", stage=where.stage, field=where.field)
 
 
-def _store_errors():
+def store_errors():
+    """What boto3 raises for a store's refusal or silence (imported late: boto3 is the runtime's)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     return (BotoCoreError, ClientError)
@@ -143,7 +145,7 @@ def upload(s3, path: Path, target: S3Object, settings: S3Settings, content_type:
             return {"uri": target.object_uri, "bytes": size, "etag": answer.get("ETag", "").strip('"'), "parts": 1}
         upload_id = s3.create_multipart_upload(Bucket=target.bucket, Key=target.key,
                                                ContentType=content_type)["UploadId"]
-    except _store_errors() as exc:
+    except store_errors() as exc:
         raise failure(exc, target, "uploading " + target.key.rsplit("/", 1)[-1]) from None
     parts = []
     try:
@@ -164,7 +166,7 @@ def upload(s3, path: Path, target: S3Object, settings: S3Settings, content_type:
     except BaseException as exc:
         with contextlib.suppress(Exception):
             s3.abort_multipart_upload(Bucket=target.bucket, Key=target.key, UploadId=upload_id)
-        if isinstance(exc, _store_errors()):
+        if isinstance(exc, store_errors()):
             raise failure(exc, target, "uploading " + target.key.rsplit("/", 1)[-1]) from None
         raise
     return {"uri": target.object_uri, "bytes": size, "etag": answer.get("ETag", "").strip('"'), "parts": len(parts)}
@@ -201,21 +203,23 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _head(s3, where: S3Object) -> dict[str, Any]:
+def checked_head(s3, where: S3Object, limit: int, limit_setting: str) -> tuple[int, str]:
+    """(size, ETag) of one object, refused naming the field when it is missing or larger than ``limit``."""
     try:
-        return s3.head_object(Bucket=where.bucket, Key=where.key)
-    except _store_errors() as exc:
+        head = s3.head_object(Bucket=where.bucket, Key=where.key)
+    except store_errors() as exc:
         raise failure(exc, where, "reading") from None
+    size, etag = int(head.get("ContentLength", 0)), str(head.get("ETag", "")).strip('"')
+    if size > limit:
+        raise JobFailure(f"{where.field}: {where.uri} is {size} bytes, larger than {limit} ({limit_setting}): use "
+                         "a smaller file", stage=where.stage, field=where.field, limit=limit)
+    return size, etag
 
 
 def download(s3, where: S3Object, settings: S3Settings, limit: int, limit_setting: str,
              name: str = "object") -> Path:
     """The pod's cached copy of one object (module docstring), fetched by at most one process."""
-    head = _head(s3, where)
-    size, etag = int(head.get("ContentLength", 0)), str(head.get("ETag", "")).strip('"')
-    if size > limit:
-        raise JobFailure(f"{where.field}: {where.uri} is {size} bytes, larger than {limit} ({limit_setting}): use "
-                         "a smaller file", stage=where.stage, field=where.field, limit=limit)
+    size, etag = checked_head(s3, where, limit, limit_setting)
     directory = _cache_dir(settings, where, etag)
     target = directory / name
     with _locked(directory.with_suffix(".lock")):
@@ -241,7 +245,7 @@ def _fetch(s3, where: S3Object, directory: Path, target: Path, size: int, etag: 
                                          f"({limit_setting})", stage=where.stage, field=where.field, limit=limit)
                     digest.update(chunk)
                     out.write(chunk)
-            except _store_errors() as exc:
+            except store_errors() as exc:
                 raise failure(exc, where, "downloading") from None
         if written != size:
             raise JobFailure(f"{where.field}: {where.uri}: the download ended after {written} of {size} bytes",
@@ -265,7 +269,7 @@ def download_prefix(s3, where: S3Object, settings: S3Settings) -> Path:
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=where.bucket, Prefix=prefix):
             for item in page.get("Contents", []):
                 listing.append((item["Key"][len(prefix):], int(item["Size"]), str(item["ETag"]).strip('"')))
-    except _store_errors() as exc:
+    except store_errors() as exc:
         raise failure(exc, where, "listing") from None
     if not listing:
         raise JobFailure(f"{where.field}: {where.uri}: no objects under {where.bucket}/{prefix}: upload the model "
