@@ -124,6 +124,33 @@ class KubeCluster:
         env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
         return env
 
+    def install_crd(self, timeout: float = 60) -> None:
+        """Server-side apply crds/ and wait until the VideoJob CRD is Established and
+        kubectl resolves `vj`. A CRD read before the API server has set its status has
+        no conditions, and `kubectl wait` then errors at once instead of waiting
+        (seen in CI), so this reads the conditions itself until the deadline."""
+        import time
+
+        from videojob.crd import CRD_FILE, CRD_NAME
+
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds" / CRD_FILE))
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        while True:
+            res = self.kubectl("get", f"crd/{CRD_NAME}", "-o", "json", check=False)
+            if res.returncode == 0:
+                conditions = json.loads(res.stdout).get("status", {}).get("conditions") or []
+                last = f"conditions {conditions!r}"
+                if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions) \
+                        and self.kubectl("get", "vj", "-A", check=False).returncode == 0:
+                    return
+            else:
+                last = res.stderr.strip()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the CRD {CRD_NAME} was not Established and served as `vj` "
+                                   f"within {timeout:.0f} s; last: {last}")
+            time.sleep(0.2)
+
     def _localcluster(self, *args: str) -> str:
         res = subprocess.run([sys.executable, str(LOCALCLUSTER), "--cluster-dir",
                               str(self.cluster_dir), *args],

@@ -11,13 +11,12 @@ import json
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from helpers import EXAMPLES, INVALID, REPO, SPEC_SPACE, expected_field, load, plannable_without_limits, wait_for
+from helpers import EXAMPLES, INVALID, REPO, SPEC_SPACE, expected_field, load, plannable_without_limits
 from videojob.api import InvalidVideoJob, parse_spec
-from videojob.crd import CRD_FILE, CRD_NAME
+from videojob.crd import CRD_NAME
 
 pytestmark = pytest.mark.cluster
 GROUP, VERSION, PLURAL = "videojob.io", "v1alpha1", "videojobs"
@@ -26,11 +25,7 @@ GROUP, VERSION, PLURAL = "videojob.io", "v1alpha1", "videojobs"
 @pytest.fixture(scope="module")
 def crd(kube_cluster):
     """Install (or update) the CRD and wait until the server serves it."""
-    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds" / CRD_FILE))
-    kube_cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
-    # Established can precede discovery by a moment; wait until kubectl resolves `vj`.
-    wait_for("kubectl to resolve the `vj` short name",
-             lambda: kube_cluster.kubectl("get", "vj", "-A", check=False).returncode == 0, timeout=30)
+    kube_cluster.install_crd()
     return kube_cluster
 
 

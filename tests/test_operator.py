@@ -19,13 +19,12 @@ from helpers import require_module  # noqa: E402 - a skip, or a failure where re
 require_module("ray")
 require_module("xfuser")
 
-from helpers import REPO, RayHead, free_port, wait_for  # noqa: E402
+from helpers import RayHead, free_port, wait_for  # noqa: E402
 from operator_harness import (  # noqa: E402
     OperatorProcess, create, elapsed_since, python_without_runtime, rbac_rules, tiny_job, videojob, wait_phase,
     write_inventory,
 )
 from operator_inprocess import with_fault  # noqa: E402
-from videojob.crd import CRD_FILE, CRD_NAME  # noqa: E402
 from videojob.raycluster.client import HttpRayClient  # noqa: E402
 
 pytestmark = pytest.mark.cluster
@@ -43,14 +42,7 @@ def _stalled(doc: dict, seconds: float) -> dict:
 
 @pytest.fixture(scope="module")
 def crd(kube_cluster):
-    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds" / CRD_FILE))
-    # A CRD read before the API server has set its status has no conditions, and
-    # `kubectl wait` then errors instead of waiting: ask again until it is Established.
-    wait_for("the CRD to be Established", lambda: kube_cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=10s", f"crd/{CRD_NAME}", check=False).returncode == 0,
-        timeout=60)
-    wait_for("kubectl to resolve `vj`", lambda: kube_cluster.kubectl("get", "vj", "-A", check=False).returncode == 0,
-             timeout=30)
+    kube_cluster.install_crd()
     return kube_cluster
 
 

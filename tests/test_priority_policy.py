@@ -24,7 +24,6 @@ import pytest
 import yaml
 
 from helpers import REPO, helm_binary, load, wait_for
-from videojob.crd import CRD_FILE, CRD_NAME
 
 pytestmark = pytest.mark.cluster
 
@@ -83,8 +82,7 @@ def policy(kube_cluster, tmp_path_factory):
     if version < (1, 30) or "validatingadmissionpolicies.admissionregistration.k8s.io" not in served.split():
         pytest.fail(f"the loopback kube-apiserver ({version}) does not serve admissionregistration.k8s.io/v1 "
                     f"ValidatingAdmissionPolicy (Kubernetes 1.30+): {served!r}", pytrace=False)
-    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds" / CRD_FILE))
-    kube_cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+    kube_cluster.install_crd()
 
     rendered = subprocess.run([helm_binary(), "template", RELEASE, str(CHART), "--show-only", TEMPLATE],
                               capture_output=True, text=True, cwd=REPO, timeout=60)
