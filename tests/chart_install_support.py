@@ -147,17 +147,40 @@ def unschedulable(pod: dict) -> str | None:
 
 
 def wait_pods(cluster, namespace: str, selector: str, running: int, stuck: int = 0,
-              timeout: float = 60) -> tuple[list[dict], list[dict]]:
+              timeout: float = 120) -> tuple[list[dict], list[dict]]:
     """Wait until the pods of ``selector`` are exactly ``running`` Running/Ready and ``stuck``
-    Unschedulable ones; returns (running pods, unschedulable pods)."""
+    Unschedulable ones; returns (running pods, unschedulable pods). On timeout the error
+    names what the cluster held: each pod's phase, node and scheduler message, the
+    RayClusters' states and the namespace's Warning events (CI once saw no head pod
+    within 60 s with nothing else to go on)."""
     def settled():
         ps = pods(cluster, namespace, selector)
         up = [p for p in ps if running_ready(p)]
         down = [p for p in ps if unschedulable(p) is not None]
         return (up, down) if (len(ps), len(up), len(down)) == (running + stuck, running, stuck) else None
 
-    return wait_for(f"{running} Running and {stuck} Unschedulable pod(s) `{selector}` in {namespace}",
-                    settled, timeout=timeout, interval=0.5)
+    what = f"{running} Running and {stuck} Unschedulable pod(s) `{selector}` in {namespace}"
+    try:
+        return wait_for(what, settled, timeout=timeout, interval=0.5)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}; the cluster held: {cluster_picture(cluster, namespace, selector)}") from None
+
+
+def cluster_picture(cluster, namespace: str, selector: str) -> str:
+    """The pods of ``selector``, the RayClusters and the Warning events of ``namespace``, in a line each."""
+    lines = []
+    for p in pods(cluster, namespace, selector):
+        st = p.get("status", {})
+        lines.append(f"pod {p['metadata']['name']}: {st.get('phase')} on {p['spec'].get('nodeName')} "
+                     f"ready={running_ready(p)} unschedulable={unschedulable(p)!r}")
+    for rc in cluster.get_json("rayclusters", "-n", namespace).get("items", []):
+        st = rc.get("status", {})
+        lines.append(f"raycluster {rc['metadata']['name']}: state={st.get('state')} "
+                     f"conditions={[(c['type'], c['status'], c.get('reason')) for c in st.get('conditions', [])]}")
+    events = cluster.get_json("events", "-n", namespace, "--field-selector=type=Warning").get("items", [])
+    lines += [f"event {e['involvedObject'].get('kind')}/{e['involvedObject'].get('name')}: {e.get('reason')}: "
+              f"{e.get('message')}" for e in events[-10:]]
+    return "; ".join(lines) or "nothing"
 
 
 def gpu_limit(pod: dict) -> int:

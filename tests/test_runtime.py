@@ -115,6 +115,27 @@ def test_group_is_one_pod_and_rendezvous_is_on_the_node_address(ulysses_group):
     assert hosts == {node_ip}
 
 
+def test_rank0_holds_its_rendezvous_port_from_the_moment_it_names_it():
+    """The port rank 0 announces is already bound by its store: no other process on a
+    shared node can take it before the group forms (CI failed on EADDRINUSE when the port
+    was only probed free and bound later), and a peer's store reaches it."""
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+
+    rank0 = RankWorker(0, 2, ulysses=2)  # holds the store: the port lives as long as it does
+    host, port = rank0.rendezvous_address("127.0.0.1", timeout_s=10)
+    assert host == "127.0.0.1" and port > 0
+    with socket.socket() as intruder, pytest.raises(OSError) as taken:
+        intruder.bind((host, port))
+        intruder.listen()
+    assert taken.value.errno == 98, taken.value  # EADDRINUSE
+    peer = dist.TCPStore(host, port, 2, False, datetime.timedelta(seconds=10))
+    peer.set("hello", "from rank 1")
+    assert RankWorker(0, 1).rendezvous_address("127.0.0.1") == ("127.0.0.1", 0), "a world of one binds nothing"
+
+
 def test_group_names_derive_from_the_owner():
     from videojob_runtime.group import group_name, owner_of
 

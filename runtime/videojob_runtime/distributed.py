@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 from typing import Any, Callable
 
 # Messages of collectives that failed because a peer left (gloo, NCCL, c10d).
@@ -43,16 +42,25 @@ def device_backend(device: str) -> str:
     return "gloo" if device == "cpu" else "nccl"
 
 
-def free_port(host: str) -> int:
-    """A TCP port free on ``host`` right now (rank 0 binds the rendezvous there)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def master_store(host: str, world_size: int, timeout_s: float) -> Any:
+    """Rank 0's rendezvous store, listening on a port the kernel picks on ``host``.
+
+    Bound here and held until the group forms: a port only probed free and bound
+    later can be taken in between by any other process on a shared node (CI saw
+    EADDRINUSE from exactly that)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(host, 0, world_size, True, datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
 
 
 def init_process_group(rank: int, world_size: int, addr: str, port: int, device: str,
-                       timeout_s: float) -> dict[str, Any]:
-    """The default group and xfuser's parallel groups, every one with a bounded timeout."""
+                       timeout_s: float, store: Any = None) -> dict[str, Any]:
+    """The default group and xfuser's parallel groups, every one with a bounded timeout.
+
+    Rank 0 passes the ``master_store`` it already listens on; the others connect
+    to ``addr:port``. Every rank hands its store to torch itself, so all see the
+    same keys."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
@@ -62,8 +70,10 @@ def init_process_group(rank: int, world_size: int, addr: str, port: int, device:
     c10d.default_pg_timeout = timeout
     os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+    if store is None:
+        store = dist.TCPStore(addr, port, world_size, False, timeout)
     backend = backend_for(device)
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     from xfuser.core.distributed import init_distributed_environment
 
     init_distributed_environment(rank=rank, world_size=world_size, local_rank=0,

@@ -88,8 +88,8 @@ class RankActor:
     def ready(self):
         return self.worker.health()
 
-    def rendezvous_address(self):
-        return self.worker.rendezvous_address(ray.util.get_node_ip_address())
+    def rendezvous_address(self, timeout_s: float = 300.0):
+        return self.worker.rendezvous_address(ray.util.get_node_ip_address(), timeout_s)
 
     def init_distributed(self, addr: str, port: int, timeout_s: float, fail: bool = False,
                          fault: dict[str, Any] | None = None):
@@ -269,7 +269,7 @@ class ActorGroup:
                          rank in spec.inject_start_fault, rank in spec.inject_start_exit))
             group._wait_all("actors", "ActorStartFailed", [a.ready.remote() for a in group.actors], start_s)
             addr, port = group._wait_all("rendezvous", "RendezvousFailed",
-                                         [group.actors[0].rendezvous_address.remote()], start_s)[0]
+                                         [group.actors[0].rendezvous_address.remote(start_s)], start_s)[0]
             group._wait_all("rendezvous", "RendezvousFailed",
                             [a.init_distributed.remote(addr, port, start_s, rank in spec.inject_rendezvous_fault,
                                                        spec.rendezvous_fault)

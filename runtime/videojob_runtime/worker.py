@@ -84,14 +84,17 @@ class RankWorker:
         self._run_lock = threading.Lock()
         self._distributed = False
         self.rendezvous: str | None = None
+        self._store: Any = None  # rank 0's rendezvous store (distributed.master_store)
         self.broken: str | None = None  # why this rank can no longer run jobs
 
     # -- group setup -------------------------------------------------------
 
-    @staticmethod
-    def rendezvous_address(host: str) -> tuple[str, int]:
-        """(host, free port): rank 0 binds the rendezvous on its node's address."""
-        return host, distributed.free_port(host)
+    def rendezvous_address(self, host: str, timeout_s: float = 300.0) -> tuple[str, int]:
+        """(host, port) of the rendezvous rank 0 now listens on, on its node's address."""
+        if self.world_size == 1:
+            return host, 0
+        self._store = distributed.master_store(host, self.world_size, timeout_s)
+        return host, int(self._store.port)
 
     def init_distributed(self, addr: str, port: int, timeout_s: float = 300.0) -> dict[str, Any]:
         """torch.distributed + xfuser's parallel groups; a world of one needs neither."""
@@ -105,7 +108,8 @@ class RankWorker:
             import torch
 
             torch.cuda.set_device(0)  # Ray shows each rank exactly its own GPU
-        info = distributed.init_process_group(self.rank, self.world_size, addr, port, self.device, timeout_s)
+        info = distributed.init_process_group(self.rank, self.world_size, addr, port, self.device, timeout_s,
+                                              store=self._store)
         self._distributed = True
         self.rendezvous = info["rendezvous"]
         return info
