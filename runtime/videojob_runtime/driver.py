@@ -126,9 +126,10 @@ def job_request(request: DriverRequest):
     if uri.startswith("s3://"):  # staged on the pod's volume, uploaded there (s3outputs); the bucket asked now
         from .s3outputs import check_bucket, staging_dir
 
-        check_bucket(uri, request.namespace)
+        where = check_bucket(uri, request.namespace)
         output_dir = staging_dir(uri, request.namespace, job.get("output_name") or request.name)
         job["output_object"] = uri
+        uri = where.object_uri.rstrip("/")  # what status names: the objects' prefix, the namespace's part in it
     else:
         output_dir = resolve(uri, "output", "spec.output.uri", namespace=request.namespace)
     _check_writable(output_dir, uri)

@@ -119,6 +119,8 @@ class MeasuredStatus(WireModel):
     denoise_seconds: Optional[float] = Field(default=None, description="Seconds denoising.")
     decode_seconds: Optional[float] = Field(default=None, description="Seconds decoding with the VAE.")
     write_seconds: Optional[float] = Field(default=None, description="Seconds writing the mp4, poster and result.")
+    upload_seconds: Optional[float] = Field(default=None, description="Seconds of write_seconds spent uploading "
+                                                                      "them to object storage (s3:// outputs).")
     cache_skip_ratio: Optional[float] = Field(default=None, description="Share of denoiser work the step cache "
                                                                         "reused (0-1).")
     steps_computed: Optional[int] = Field(default=None, ge=0, description="Denoising steps computed by all "
@@ -176,7 +178,14 @@ class QueueStatus(WireModel):
 class OutputStatus(WireModel):
     """Where the video is."""
 
-    uri: str = Field(description="The directory holding NAME.mp4, NAME.png and NAME.json.")
+    uri: str = Field(description="The directory holding NAME.mp4, NAME.png and NAME.json; for s3:// the "
+                                 "objects' prefix, the namespace's part in it (s3://BUCKET/NAMESPACE/PREFIX).")
+    video: Optional[str] = Field(default=None, description="The mp4 (for s3://, the object's uri).")
+    result: Optional[str] = Field(default=None, description="NAME.json, written last: the 'done' marker.")
+    video_url: Optional[str] = Field(default=None, description="A presigned https URL of the mp4, when the "
+                                                               "cluster's admin turns them on (s3:// only).")
+    video_url_expires: Optional[str] = Field(default=None, description="When video_url stops working (UTC, "
+                                                                       "RFC 3339).")
     bytes: Optional[int] = Field(default=None, ge=0, description="Size of the mp4, bytes.")
     frames_digest: Optional[str] = Field(default=None, description="SHA-256 of the 8-bit frames: equal digests, "
                                                                    "equal videos.")

@@ -242,15 +242,26 @@ def success_changes(status: dict[str, Any], result: dict[str, Any]) -> tuple[dic
         measured["checkpointSeconds"] = round(float(checkpoints.get("seconds") or 0.0), 3)
         measured["checkpointBytes"] = int(checkpoints.get("bytes") or 0)
     output = result.get("output") or {}
+    if output.get("uploadSeconds") is not None:
+        measured["uploadSeconds"] = round(float(output["uploadSeconds"]), 3)
     estimated = (status.get("plan") or {}).get("estimatedPeakGiBPerGPU")
     message = (f"wrote {output.get('uri') or output.get('video')} ({output.get('bytes')} bytes); "
                f"peak {measured.get('peakGiB')} GiB per rank, planned {estimated}")
     steps = (status.get("progress") or {}).get("steps") or result.get("steps") or 0
     changes = {"measured": measured, "message": message,
                "progress": {"step": steps, "steps": steps, "percent": 100},
-               "output": {"uri": output.get("uri") or output.get("video"), "bytes": output.get("bytes"),
-                          "framesDigest": result.get("framesDigest")}}
+               "output": output_status(output, result.get("framesDigest"))}
     return changes, measured
+
+
+def output_status(output: dict[str, Any], digest: str | None) -> dict[str, Any]:
+    """status.output from the driver's output record: where the files are (an s3:// output's object
+    uris and, when the admin turns them on, a presigned URL and its expiry)."""
+    status = {"uri": output.get("uri") or output.get("video"), "video": output.get("video"),
+              "result": output.get("result"), "videoUrl": output.get("videoUrl"),
+              "videoUrlExpires": output.get("videoUrlExpires"), "bytes": output.get("bytes"),
+              "framesDigest": digest}
+    return {k: v for k, v in status.items() if v is not None}
 
 
 def story(attempts: list[dict[str, Any]]) -> str:
