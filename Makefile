@@ -153,6 +153,7 @@ bench: venv cluster-tools helm-tool
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/stepcache_bench.py
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/mp4_bench.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/crd_write_cost.py
+	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/s3_bench.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/operator_load.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/operator_load.py --precreate \
 	  --out benchmarks/results/operator_load_precreated.json

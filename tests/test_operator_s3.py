@@ -47,12 +47,7 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bucket(server):
     """A fresh bucket and a client of the store with the admin's credentials (as a reader sees it)."""
-    import boto3
-    from botocore.config import Config
-
-    client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1",
-                          aws_access_key_id=server.access_key, aws_secret_access_key=server.secret_key,
-                          config=Config(s3={"addressing_style": "path"}, signature_version="s3v4"))
+    client = server.client()
     name = f"vj-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=name)
     return client, name

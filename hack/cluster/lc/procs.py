@@ -108,9 +108,9 @@ def wait_until(what: str, check, timeout: float, proc: subprocess.Popen | None =
         time.sleep(interval)
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 

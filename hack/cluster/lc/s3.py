@@ -43,6 +43,15 @@ class S3Server:
         return {"VIDEOJOB_S3_ENDPOINT_URL": self.endpoint, "VIDEOJOB_S3_REGION": "us-east-1",
                 "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
 
+    def client(self):
+        """A boto3 client of the store with its key pair, path-style: what a reader of the bucket uses."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
+                            config=Config(s3={"addressing_style": "path"}, signature_version="s3v4"))
+
     def stop(self) -> None:
         stop_pid(self.proc.pid, self.exe, "rclone serve s3", grace=5.0)
 
@@ -57,14 +66,17 @@ def _answers(endpoint: str) -> bool:
     return True
 
 
-def start_s3_server(root: Path, log_path: Path, build: bool = True, timeout_s: float = 60.0) -> S3Server:
-    """Start `rclone serve s3` over ``root`` on a free loopback port with a fresh key pair; wait until it answers."""
+def start_s3_server(root: Path, log_path: Path, build: bool = True, timeout_s: float = 60.0,
+                    host: str = "127.0.0.1") -> S3Server:
+    """Start `rclone serve s3` over ``root`` on a free port of ``host`` (loopback, or an address of the
+    test's own, such as the pod runner's gateway that pods reach) with a fresh key pair; wait until it
+    answers."""
     exe = str(rclone_bin_dir(build) / "rclone")
     root.mkdir(parents=True, exist_ok=True)
     access, secret = "vj" + secrets.token_hex(8), secrets.token_hex(20)
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    argv = [exe, "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key", f"{access},{secret}",
+    port = free_port(host)
+    endpoint = f"http://{host}:{port}"
+    argv = [exe, "serve", "s3", "--addr", f"{host}:{port}", "--auth-key", f"{access},{secret}",
             "--config", "/dev/null", "--vfs-cache-mode", "off",
             "--log-level", "INFO", str(root)]
     proc = start_process("rclone serve s3", argv, log_path)
