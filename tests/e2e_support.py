@@ -37,6 +37,8 @@ RUNTIME_UID = 65532  # the images' USER and the chart's podSecurityContext
 DATA_MOUNT = f"/mnt/videojob/{CLAIM}"  # persistence.mountRoot/<claim>, as the chart mounts it
 INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
 HELM_TIMEOUT_S = 180
+S3_SECRET = "videojob-s3"  # the admin's Secret with the store's key pair (runtime.s3.credentialsSecret)
+S3_BUCKET = "videos"  # the one bucket the release lets jobs name (runtime.s3.buckets)
 
 
 @dataclass
@@ -50,6 +52,7 @@ class Release:
     helm_home: Path
     extra_args: list[str] = field(default_factory=list)
     inputs: "HttpsInputs | None" = None
+    store: object = None  # hack/cluster/lc/s3.S3Server on the pod runner's gateway
 
     # -- helm and kubectl --------------------------------------------------------------------
     def helm(self, *args: str, check: bool = True, timeout: float = HELM_TIMEOUT_S) -> subprocess.CompletedProcess:

@@ -12,7 +12,10 @@ real and raise worker pods on demand; the worker pods run KubeRay's init
 container and `ray start` command through `bash -lc`; KubeRay's exec probes run
 (wget against Ray's health endpoints, with Ray's token auth on); VideoJobs go
 through all of it to mp4s on the claim's volume, which the test reads from the
-PersistentVolume's directory.
+PersistentVolume's directory, and to a bucket of a real S3 server (rclone's
+`serve s3` on the pod runner's gateway; the chart's runtime.s3 values and the
+admin's Secret give the Ray pods its endpoint and key pair), which the test
+reads as any reader of the bucket would.
 
 One release for the module (charts/videojob/ci/kuberay-cpu.yaml: two CPU
 classes cpu-a and cpu-b of one pod each, on the node pools a and b, a drivers
@@ -26,16 +29,22 @@ import json
 import os
 import secrets
 import subprocess
+import sys
 import time
+import urllib.request
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from e2e_support import (
-    CLAIM, DATA_MOUNT, INSTANCE, RAYCLUSTER, RELEASE, RUNTIME_UID, TOKEN_SECRET, HttpsInputs, JobWatch,
-    Release, make_data_dir, tiny_job, wait_gone,
+    CLAIM, DATA_MOUNT, INSTANCE, RAYCLUSTER, RELEASE, RUNTIME_UID, S3_BUCKET, S3_SECRET, TOKEN_SECRET, HttpsInputs,
+    JobWatch, Release, make_data_dir, tiny_job, wait_gone,
 )
 from helpers import REPO, wait_for
+
+sys.path.insert(0, str(REPO / "hack" / "cluster"))
+from lc.s3 import start_s3_server  # noqa: E402
 
 
 def random_png(size: int = 64) -> bytes:
@@ -82,6 +91,20 @@ def release(e2e_cluster, tmp_path_factory):
                       "--set", f"runtime.extraEnv[0].value={DATA_MOUNT}/ca/inputs-ca.pem",
                       "--set", "runtime.extraEnv[1].name=VIDEOJOB_INPUT_ALLOW_PRIVATE_HOSTS",
                       "--set-string", "runtime.extraEnv[1].value=true"]
+    # A real S3 server (rclone serve s3) on the gateway too, and the admin's side of s3:// as
+    # docs/storage.md gives it: the endpoint and the bucket list as chart values, the key pair
+    # in a Secret of the release's namespace that every Ray container reads by reference.
+    store = start_s3_server(tmp_path_factory.mktemp("s3") / "data", tmp_path_factory.mktemp("s3-log") / "rclone.log",
+                            host=gateway)
+    rel.store = store
+    cluster.kubectl("create", "secret", "generic", S3_SECRET, "-n", namespace,
+                    f"--from-literal=AWS_ACCESS_KEY_ID={store.access_key}",
+                    f"--from-literal=AWS_SECRET_ACCESS_KEY={store.secret_key}")
+    store.client().create_bucket(Bucket=S3_BUCKET)
+    rel.extra_args += ["--set", f"runtime.s3.endpointUrl={store.endpoint}",
+                       "--set", f"runtime.s3.credentialsSecret={S3_SECRET}",
+                       "--set", f"runtime.s3.buckets={{{S3_BUCKET}}}",
+                       "--set", "runtime.s3.presignExpiryS=600"]
     # A volume pre-bound to the chart's claim (no provisioner here), as ci/kuberay-cpu.yaml sizes it.
     cluster.kubectl("create", "-f", "-", input=json.dumps({
         "apiVersion": "v1", "kind": "PersistentVolume",
@@ -103,6 +126,7 @@ def release(e2e_cluster, tmp_path_factory):
                         check=False, timeout=150)
         cluster.kubectl("delete", "pv", pv, "--ignore-not-found", check=False)
         inputs.__exit__(None, None, None)
+        store.stop()
 
 
 # -- 1. install ------------------------------------------------------------------------------------
@@ -158,7 +182,8 @@ def test_jobs_scale_up_from_zero_and_land_on_their_class(release: Release):
     for; each video, poster and result lands in the claim at its output path."""
     inputs = release.inputs
     jobs = {"e2e-a": tiny_job("e2e-a", resources={"maxGPUs": 2, "gpuClass": "cpu-a"}),
-            "e2e-b": tiny_job("e2e-b", resources={"maxGPUs": 2, "gpuClass": "cpu-b"}),
+            "e2e-b": tiny_job("e2e-b", resources={"maxGPUs": 2, "gpuClass": "cpu-b"},
+                              output={"uri": f"s3://{S3_BUCKET}/e2e-b"}),
             "e2e-i2v": tiny_job("e2e-i2v", model={"name": "tiny-cogvideox-i2v", "dtype": "float32"},
                                 task="i2v", image=f"{inputs.url}/cat.png", parallel={"ulysses": 1},
                                 resources={"maxGPUs": 1})}
@@ -211,6 +236,8 @@ def test_jobs_scale_up_from_zero_and_land_on_their_class(release: Release):
 
     # The files, where the spec said, written by the pods, read from the volume's directory.
     for name, obj in done.items():
+        if name == "e2e-b":
+            continue  # in the bucket: below
         output = obj["status"]["output"]
         # The output uri is a folder in the job's namespace's directory of the claim; files are named after the job.
         folder = release.data / release.namespace / "videos" / name
@@ -220,6 +247,7 @@ def test_jobs_scale_up_from_zero_and_land_on_their_class(release: Release):
         record = json.loads(result.read_text())
         assert record["framesDigest"] == output["framesDigest"], name
         assert video.read_bytes()[4:8] == b"ftyp", f"{name}: not an mp4"
+    _assert_in_bucket(release, done["e2e-b"])
     # The https input was staged on the shared volume, in a per-job directory, removed at the end.
     staging = release.data / "staging"
     assert not staging.exists() or not any(staging.iterdir()), sorted(staging.rglob("*"))
@@ -229,6 +257,38 @@ def test_jobs_scale_up_from_zero_and_land_on_their_class(release: Release):
     for name in jobs:
         assert any(line.split()[:2] == [name, "Succeeded"] for line in table.splitlines()), table
     print(f"kubectl get vj while e2e-i2v queued:\n{watch.table}\nkubectl get vj at the end:\n{table}")
+
+
+def _assert_in_bucket(release: Release, job: dict) -> None:
+    """e2e-b's video, poster and result, uploaded by its rank on the cpu-b worker pod with the
+    credentials the chart gave it from the Secret, are in the bucket under the namespace's
+    prefix, as a reader of the bucket finds them: exactly the three objects, the mp4 whole,
+    the result JSON's digest the status's, no unfinished multipart upload, no staged copy
+    left on the data volume; the presigned URL in the status serves the same mp4."""
+    client, status = release.store.client(), job["status"]
+    output, prefix = status["output"], f"{release.namespace}/e2e-b/"
+    assert output["uri"] == f"s3://{S3_BUCKET}/{prefix.rstrip('/')}", output
+    assert output["video"] == f"s3://{S3_BUCKET}/{prefix}e2e-b.mp4", output
+    assert output["result"] == f"s3://{S3_BUCKET}/{prefix}e2e-b.json", output
+    listed = client.list_objects_v2(Bucket=S3_BUCKET).get("Contents", [])
+    assert sorted(o["Key"] for o in listed) == [f"{prefix}e2e-b.{x}" for x in ("json", "mp4", "png")], listed
+    video = client.get_object(Bucket=S3_BUCKET, Key=f"{prefix}e2e-b.mp4")["Body"].read()
+    assert len(video) == output["bytes"] > 0 and video[4:8] == b"ftyp", (len(video), output)
+    record = json.loads(client.get_object(Bucket=S3_BUCKET, Key=f"{prefix}e2e-b.json")["Body"].read())
+    assert record["framesDigest"] == output["framesDigest"], (record, output)
+    try:
+        unfinished = client.list_multipart_uploads(Bucket=S3_BUCKET).get("Uploads") or []
+    except client.exceptions.NoSuchUpload:  # rclone's answer when there are none
+        unfinished = []
+    assert unfinished == [], unfinished
+    assert status["measured"].get("uploadSeconds", 0) > 0, status["measured"]
+    staged = release.data / "s3-staging"
+    assert not staged.exists() or not [p for p in staged.rglob("*") if p.is_file()], sorted(staged.rglob("*"))
+    with urllib.request.urlopen(output["videoUrl"], timeout=30) as answer:  # noqa: S310 - the test's own server
+        assert answer.read() == video, "the presigned URL served other bytes"
+    expires = datetime.strptime(output["videoUrlExpires"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    left = (expires - datetime.now(timezone.utc)).total_seconds()
+    assert 0 < left <= 600, f"the presigned URL expires in {left:.0f}s, not within runtime.s3.presignExpiryS (600)"
 
 
 # -- 3. idle workers go -----------------------------------------------------------------------------
