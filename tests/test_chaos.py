@@ -60,10 +60,9 @@ def test_restart_apiserver_keeps_port_and_data(chaos_cluster):
         chaos_cluster.kubectl("delete", "configmap", "restart-probe", "-n", "default", check=False)
 
 
-# `make test-slow` (in `make bench`), not `make test` (CI's 90 minutes); `make test` covers the
-# faults one by one: the API server restart above, operator restarts (test_operator_races),
-# deletes (test_operator), lost ranks (test_operator_checkpoints); `make chaos` is the long
-# soak.
+# Slow (CI time): `make test` covers the faults one by one: the API server restart above, operator
+# restarts (test_operator_races), deletes (test_operator), lost ranks (test_operator_checkpoints);
+# `make chaos` is the long soak.
 @pytest.mark.slow
 def test_short_soak_loses_doubles_and_leaves_nothing(chaos_cluster, tmp_path):
     from chaos.soak import run

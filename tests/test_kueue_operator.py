@@ -198,9 +198,9 @@ def test_two_teams_borrow_reclaim_and_every_job_finishes(setup, crd, namespace, 
         op.stop()
 
 
-# `make test-slow` (in `make bench`), not `make test` (CI's 90 minutes); `make test` covers
-# Kueue preemption with test_kueue_cluster::test_preemption_and_release_by_the_owner and the
-# operator with Kueue with the two-teams test.
+# Slow (CI time): `make test` covers Kueue preemption with
+# test_kueue_cluster::test_preemption_and_release_by_the_owner and the operator with Kueue with the
+# two-teams test.
 @pytest.mark.slow
 def test_priority_preempts_an_oversized_job_says_so_deletion_and_restart_lose_nothing(
         setup, crd, namespace, tmp_path, ray_head):  # noqa: F811

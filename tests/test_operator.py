@@ -174,8 +174,7 @@ def test_a_job_that_never_started_is_deleted_at_once(crd, namespace, roots, oper
         assert elapsed_since(start) < 5
 
 
-# `make test-slow` (in `make bench`), not `make test` (CI's 90 minutes); `make test` covers a
-# restart mid job with
+# Slow (CI time): `make test` covers a restart mid job with
 # test_operator_races::test_restart_while_a_job_runs_on_a_reused_warm_group_books_it_once.
 @pytest.mark.slow
 def test_restart_mid_job_adopts_the_driver(crd, namespace, ray_client, roots, operator_env):
@@ -205,9 +204,8 @@ def test_restart_mid_job_adopts_the_driver(crd, namespace, ray_client, roots, op
         operator.stop()
 
 
-# `make test-slow` (in `make bench`), not `make test` (CI's 90 minutes); `make test` covers an
-# expired list with test_apiserver's expired continue token and restarts with
-# test_operator_races.
+# Slow (CI time): `make test` covers an expired list with test_apiserver's expired continue token
+# and restarts with test_operator_races.
 @pytest.mark.slow
 def test_conflicts_and_dropped_watches_lose_nothing(crd, namespace, ray_client, roots, operator_env):
     """A job queued behind another has its labels changed every few ms while it

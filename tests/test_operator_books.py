@@ -153,8 +153,8 @@ def test_restart_with_queued_jobs_and_warm_groups_admits_the_priority_first(oper
         "the adopted idle group was not reused"
 
 
-# `make test-slow` (in `make bench`), not `make test` (CI's 90 minutes); `make test` covers
-# spilling with tests/test_scheduler.py's spill tests and the books with the restart test above.
+# Slow (CI time): `make test` covers spilling with tests/test_scheduler.py's spill tests and the
+# books with the restart test above.
 @pytest.mark.slow
 def test_a_busy_class_spills_and_warm_groups_expire(operators, crd, namespace, ray_client, caplog):  # noqa: F811
     """Class a is preferred (cheaper); b is faster. `first` runs on a; `second`, whose
@@ -193,9 +193,9 @@ def test_a_busy_class_spills_and_warm_groups_expire(operators, crd, namespace, r
         assert re.search(rf"expired {group} class={klass} .*allocated=0/1 idle=0", books_log), books_log[-2000:]
 
 
-# `make test-slow` (in `make bench`), not `make test` (CI's 90 minutes); `make test` covers the
-# sweeper with test_scheduling_operator::test_the_sweeper_removes_groups_nobody_owns and
-# test_operator_races' sweeper race.
+# Slow (CI time): `make test` covers the sweeper with
+# test_scheduling_operator::test_the_sweeper_removes_groups_nobody_owns and test_operator_races'
+# sweeper race.
 @pytest.mark.slow
 def test_the_sweeper_leaves_the_operators_groups_and_removes_an_orphan(operators, crd, namespace,  # noqa: F811
                                                                      ray_client):

@@ -39,9 +39,8 @@ def _step(crd, namespace, name) -> int:  # noqa: F811
     return int(((videojob(crd, namespace, name).get("status") or {}).get("progress") or {}).get("step") or 0)
 
 
-# `make test-slow` (in `make bench`), not `make test` (CI's 90 minutes); `make test` covers
-# preemption with test_preempt_checkpoint (the driver preempts, the job resumes bit-identical)
-# and tests/test_scheduler_preemption.py.
+# Slow (CI time): `make test` covers preemption with test_preempt_checkpoint (the driver preempts,
+# the job resumes bit-identical) and tests/test_scheduler_preemption.py.
 @pytest.mark.slow
 def test_a_high_priority_job_preempts_and_the_victim_resumes(operators, crd, namespace):  # noqa: F811
     op = operators(max_attempts=2, retry_backoff_s=0.5)

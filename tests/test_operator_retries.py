@@ -107,8 +107,7 @@ def _admitted(obj: dict) -> dict:
     return next(c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == "Admitted")
 
 
-# `make test-slow` (in `make bench`), not `make test` (CI's 90 minutes); `make test` covers Ray
-# unreachable with
+# Slow (CI time): `make test` covers Ray unreachable with
 # test_operator::test_ray_trouble_is_a_retrying_condition_not_a_crash[unreachable].
 @pytest.mark.slow
 def test_ray_unreachable_then_back_the_job_completes(operators, crd, namespace, ray_head):  # noqa: F811

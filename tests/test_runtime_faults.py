@@ -83,8 +83,8 @@ def test_a_rank_process_dying_while_the_group_forms_is_a_lost_rank(ray_session, 
     wait_until_clean(name)
 
 
-# `make test-slow` (in `make bench`), not `make test` (CI's 90 minutes); `make test` covers the
-# rendezvous failing with test_a_rank_process_dying_while_the_group_forms_is_a_lost_rank.
+# Slow (CI time): `make test` covers the rendezvous failing with
+# test_a_rank_process_dying_while_the_group_forms_is_a_lost_rank.
 @pytest.mark.slow
 def test_a_rendezvous_timing_out_with_every_rank_alive_is_not_a_lost_rank(ray_session):
     """Rank 1 never joins but stays alive: RendezvousFailed, which would repeat."""

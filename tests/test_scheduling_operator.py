@@ -75,8 +75,9 @@ def _cleanup(cluster, namespace: str, ray_client, names: list[str]) -> None:
              lambda: not any(u in g for g in _groups(ray_client) for u in uids), timeout=60)
 
 
-# 7 jobs (capacity 3: four still queue when the urgent one comes) and 20: `make test-slow` (in `make bench`), not `make test` (CI's 90 minutes); `make test` covers priority
-# first with test_operator_books' restart with queued jobs and capacity with the scheduler's property tests.
+# 7 jobs (capacity 3: four still queue when the urgent one comes) and 20. Slow (CI time): `make test`
+# covers priority first with test_operator_books' restart with queued jobs and capacity with the
+# scheduler's property tests.
 @pytest.mark.slow
 @pytest.mark.parametrize("count", [7, 20])
 def test_jobs_never_exceed_capacity_and_priority_goes_first(crd, namespace, ray_head, ray_client,  # noqa: F811
@@ -134,8 +135,8 @@ def test_jobs_never_exceed_capacity_and_priority_goes_first(crd, namespace, ray_
         _cleanup(crd, namespace, ray_client, names + ["urgent"])
 
 
-# `make test-slow` (in `make bench`), not `make test` (CI's 90 minutes); `make test` covers
-# reuse with test_driver's kept group and test_operator_races' restart on a reused warm group.
+# Slow (CI time): `make test` covers reuse with test_driver's kept group and test_operator_races'
+# restart on a reused warm group.
 @pytest.mark.slow
 def test_warm_reuse_and_eviction(crd, namespace, ray_head, ray_client, roots, tmp_path):  # noqa: F811
     """The second job with the same model, layout and class runs on the first's
@@ -171,8 +172,8 @@ def test_warm_reuse_and_eviction(crd, namespace, ray_head, ray_client, roots, tm
         _cleanup(crd, namespace, ray_client, ["first", "second", "big"])
 
 
-# `make test-slow` (in `make bench`), not `make test` (CI's 90 minutes); `make test` covers the
-# replan with test_operator_retries::test_two_out_of_memory_failures_compound_the_margin.
+# Slow (CI time): `make test` covers the replan with
+# test_operator_retries::test_two_out_of_memory_failures_compound_the_margin.
 @pytest.mark.slow
 def test_out_of_memory_is_replanned_stricter_and_succeeds(crd, namespace, ray_head, ray_client, roots,  # noqa: F811
                                                           tmp_path):
@@ -194,8 +195,7 @@ def test_out_of_memory_is_replanned_stricter_and_succeeds(crd, namespace, ray_he
     assert any(c["reason"] == "Replanned" for c in status["conditions"])
 
 
-# `make test-slow` (in `make bench`), not `make test` (CI's 90 minutes); `make test` covers a
-# lost rank retried with
+# Slow (CI time): `make test` covers a lost rank retried with
 # test_operator_checkpoints::test_a_lost_rank_resumes_from_its_checkpoint.
 @pytest.mark.slow
 def test_a_killed_rank_is_retried_and_succeeds(crd, namespace, ray_head, ray_client, roots, tmp_path):  # noqa: F811
