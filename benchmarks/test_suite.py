@@ -1,0 +1,96 @@
+"""Where `make test`'s time goes: benchmarks/results/test_suite.json from the timings
+that tests/suite_timings.py wrote during the run (out/test-timings.json).
+
+    python benchmarks/test_suite.py --make-test-seconds 1800 [--timings out/test-timings.json]
+
+.ci/run calls it after `make test` with the seconds it measured. The file holds
+makeTestSeconds, pytestSeconds, the test count by outcome, goBuildSeconds (the
+cold Go builds of the cached tools, as each build recorded them: measured once
+per machine), seconds by module, the 30 longest tests and the 30 longest
+long-lived fixture set-ups, and the service start-ups (Ray heads, ...).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import REPO, write_result  # noqa: E402
+
+TOOLS = ["tools", "kwok", "kuberay", "kueue", "rclone", "helm"]
+
+
+def go_build_seconds() -> dict[str, int | None]:
+    """Each cached Go tool's cold build seconds (None: built before builds recorded them)."""
+    out: dict[str, int | None] = {}
+    for tool in TOOLS:
+        script = "build-tools.sh" if tool == "tools" else "build-gotool.sh"
+        args = ["bash", str(REPO / "hack" / "cluster" / script)] + ([] if tool == "tools" else [tool]) + ["--print"]
+        res = subprocess.run(args, capture_output=True, text=True, cwd=REPO)
+        bin_dir = Path(res.stdout.strip()) if res.returncode == 0 and res.stdout.strip() else None
+        record = bin_dir / ".build-seconds" if bin_dir else None
+        out[tool] = int(record.read_text()) if record and record.is_file() else None
+    return out
+
+
+def summarize(timings: dict, top: int = 30) -> dict:
+    tests = timings["tests"]
+    seconds = {nodeid: round(t["setup"] + t["call"] + t["teardown"], 2) for nodeid, t in tests.items()}
+    by_module: dict[str, float] = defaultdict(float)
+    for nodeid, secs in seconds.items():
+        by_module[nodeid.split("::")[0]] += secs
+    fixtures: dict[str, dict] = {}
+    for f in timings["fixtures"]:
+        entry = fixtures.setdefault(f["fixture"], {"fixture": f["fixture"], "scope": f["scope"],
+                                                   "setups": 0, "seconds": 0.0})
+        entry["setups"] += 1
+        entry["seconds"] = round(entry["seconds"] + f["seconds"], 2)
+    starts: dict[str, dict] = {}
+    for s in timings.get("starts", []):
+        entry = starts.setdefault(s["kind"], {"starts": 0, "seconds": 0.0})
+        entry["starts"] += 1
+        entry["seconds"] = round(entry["seconds"] + s["seconds"], 2)
+    longest = sorted(seconds.items(), key=lambda kv: -kv[1])[:top]
+    return {
+        "pytestSeconds": timings["pytestSeconds"],
+        "pytestExitStatus": timings["exitStatus"],
+        "pytestArgs": timings.get("args"),
+        "tests": len(tests),
+        "outcomes": dict(Counter(t["outcome"] for t in tests.values())),
+        "testSecondsSum": round(sum(seconds.values()), 1),
+        "modules": {m: round(s, 1) for m, s in sorted(by_module.items(), key=lambda kv: -kv[1])},
+        "longestTests": [{"test": nodeid, "seconds": secs, **{k: tests[nodeid][k] for k in
+                                                              ("setup", "call", "teardown")}}
+                         for nodeid, secs in longest],
+        "longestFixtures": sorted(fixtures.values(), key=lambda f: -f["seconds"])[:top],
+        "serviceStarts": starts,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--timings", type=Path, default=REPO / "out" / "test-timings.json")
+    ap.add_argument("--make-test-seconds", type=float, required=True,
+                    help="`make test`'s wall seconds, venv and Go tools included (.ci/run measures it)")
+    ap.add_argument("--out", type=Path, default=None, help="default benchmarks/results/test_suite.json")
+    args = ap.parse_args()
+    if not args.timings.is_file():
+        print(f"test_suite: no timings at {args.timings} (tests/suite_timings.py writes them)", file=sys.stderr)
+        return 1
+    timings = json.loads(args.timings.read_text())
+    builds = go_build_seconds()
+    result = {"makeTestSeconds": round(args.make_test_seconds, 1), **summarize(timings),
+              "goBuildSeconds": sum(v for v in builds.values() if v) if any(builds.values()) else None,
+              "goBuildSecondsByTool": builds}
+    path = write_result("test_suite.json", result, args.out)
+    print(f"test_suite: wrote {path}: make test {result['makeTestSeconds']} s, pytest "
+          f"{result['pytestSeconds']} s, {result['tests']} tests")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
