@@ -52,9 +52,9 @@ def _tolerance(want: np.ndarray) -> float:
 
 
 def _stopped_after_step_4(group: ActorGroup, request: JobRequest) -> None:
-    """Run on the group until step 4, then cancel: each rank stalls 20 s after step 4
-    (the checkpoint of step 4 is already written), the cancel lands in the stall, and
-    the ranks' vote stops them all at that boundary, as a preemption would."""
+    """Run on the group until step 4, then cancel: each rank stalls after step 4 (20 s
+    at most; the checkpoint of step 4 is already written), the cancel lands in the stall
+    and ends it, and the ranks' vote stops them all at that boundary, as a preemption would."""
     stalled = JobRequest(**{**request.to_dict(),
                             "inject_fault": {"stage": "denoise", "kind": "stall", "step": 4, "seconds": 20}})
     refs = [a.run.remote(stalled.to_dict()) for a in group.actors]

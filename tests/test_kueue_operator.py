@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import json
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +28,6 @@ require_module("xfuser")
 from kueue_helpers import KueueSetup  # noqa: E402
 from operator_harness import create, videojob  # noqa: E402
 from operator_inprocess import InProcess, one_rank, with_fault  # noqa: E402
-from test_operator import crd, ray_client, ray_head, roots  # noqa: E402,F401 - shared fixtures
 
 pytestmark = pytest.mark.cluster
 STEPS = 8
@@ -134,10 +134,13 @@ def _step(cluster, namespace, name) -> int:
     return int(((videojob(cluster, namespace, name).get("status") or {}).get("progress") or {}).get("step") or 0)
 
 
-def _slow(name: str, **changes) -> dict:
-    """A job whose first attempt stalls 1.5 s after every step (steps the test can count)."""
+def _slow(name: str, release: Path | None = None, **changes) -> dict:
+    """A job whose first attempt stalls 1.5 s after every step (steps the test can count);
+    a stall ends early once the attempt is preempted, and every stall is over once the
+    test creates the file ``release`` (it acted: the job may finish)."""
+    fault = {"release": str(release)} if release is not None else {}
     return with_fault(one_rank(name, steps=STEPS, seed=5, checkpoint={"everySteps": 0}, **changes), [1],
-                      stage="denoise", kind="stall", seconds=1.5)
+                      stage="denoise", kind="stall", seconds=1.5, **fault)
 
 
 def _books_match(op: Teams, cluster, jobs: dict[str, list[str]]) -> None:
@@ -168,9 +171,11 @@ def test_two_teams_borrow_reclaim_and_every_job_finishes(setup, crd, namespace, 
     setup.local_queue(team_b, "gpus", queue_b)
     op = _operator(crd, (team_a, team_b), tmp_path, ray_head, flavor).start()
     try:
-        # Team A saturates its quota (one rank) and borrows team B's unused one.
-        op.create_in(team_a, _slow("a1"))
-        op.create_in(team_a, _slow("a2"))
+        # Team A saturates its quota (one rank) and borrows team B's unused one; both run
+        # slowly until team B's job has had its quota back.
+        release = tmp_path / "release-team-a"
+        op.create_in(team_a, _slow("a1", release))
+        op.create_in(team_a, _slow("a2", release))
         wait_for("both of team A's jobs to run (one on borrowed quota)",
                  lambda: _step(crd, team_a, "a1") >= 1 and _step(crd, team_a, "a2") >= 1, timeout=300)
         usage = crd.get_json(f"clusterqueues.kueue.x-k8s.io/{queue_a}")["status"]
@@ -182,6 +187,7 @@ def test_two_teams_borrow_reclaim_and_every_job_finishes(setup, crd, namespace, 
         b1["spec"]["queueName"] = "gpus"  # team B's LocalQueue is not the default's name
         op.create_in(team_b, b1)
         b1 = op.wait_in(team_b, "b1")["status"]
+        release.touch()
         assert b1["phase"] == "Succeeded", json.dumps(b1)[-2000:]
         a = {n: op.wait_in(team_a, n)["status"] for n in ("a1", "a2")}
         assert all(s["phase"] == "Succeeded" for s in a.values()), json.dumps(a)[-3000:]
@@ -245,7 +251,8 @@ def test_priority_preempts_an_oversized_job_says_so_deletion_and_restart_lose_no
         ], timeout=60)
 
         # A restart while one Workload is admitted (its job running) and one pending.
-        op.create_in(namespace, _slow("r1"))
+        release_r1 = tmp_path / "release-r1"  # once the restarted operator runs r1 and r2
+        op.create_in(namespace, _slow("r1", release_r1))
         wait_for("`r1` to pass step 1", lambda: _step(crd, namespace, "r1") >= 1, timeout=300)
         op.create_in(namespace, one_rank("r2", steps=2))
         wait_for("`r2` to wait for Kueue", lambda: "Kueue" in (videojob(crd, namespace, "r2").get("status") or {})
@@ -256,6 +263,8 @@ def test_priority_preempts_an_oversized_job_says_so_deletion_and_restart_lose_no
     try:
         for name in ("r1", "r2"):
             again.run_in(namespace, name)
+        wait_for("the restarted operator to write r1's status", lambda: again.patches_of("r1"), timeout=120)
+        release_r1.touch()
         for name in ("r1", "r2"):
             status = again.wait_in(namespace, name)["status"]
             assert status["phase"] == "Succeeded", json.dumps(status)[-2000:]

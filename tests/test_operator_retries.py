@@ -23,7 +23,6 @@ require_module("xfuser")
 
 from operator_harness import videojob  # noqa: E402
 from operator_inprocess import InProcess, Outage, one_rank, operator_factory, with_fault  # noqa: E402
-from test_operator import crd, ray_client, ray_head, roots  # noqa: E402,F401 - shared fixtures
 
 pytestmark = pytest.mark.cluster
 CPU1 = [{"name": "cpu1", "gpusPerPod": 1, "maxPods": 1}]
@@ -110,7 +109,7 @@ def _admitted(obj: dict) -> dict:
 # Slow (CI time): `make test` covers Ray unreachable with
 # test_operator::test_ray_trouble_is_a_retrying_condition_not_a_crash[unreachable].
 @pytest.mark.slow
-def test_ray_unreachable_then_back_the_job_completes(operators, crd, namespace, ray_head):  # noqa: F811
+def test_ray_unreachable_then_back_the_job_completes(operators, crd, namespace, ray_head, tmp_path):  # noqa: F811
     """Ray's dashboard is away when the job arrives, comes back, then goes away again
     while the job runs: the job shows RayUnavailable (never Failed) and completes
     once Ray is back, with one attempt and one submission; once Ray answers again
@@ -118,9 +117,12 @@ def test_ray_unreachable_then_back_the_job_completes(operators, crd, namespace, 
     outage = Outage(ray_head.dashboard_port)
     op = operators(dashboard_url=outage.url, ray_http_timeout_s=3.0)
     try:
-        # `patient` stalls 30 s after its first step (not "many steps": their time depends on the
-        # load), so it still runs when Ray goes away the second time.
-        op.create(with_fault(one_rank("patient", steps=2), [1], stage="denoise", kind="stall", step=1, seconds=30))
+        # `patient` stalls after its first step (not "many steps": their time depends on the
+        # load), so it still runs when Ray goes away the second time; released (30 s at most)
+        # once Ray is back.
+        release = tmp_path / "release-patient"
+        op.create(with_fault(one_rank("patient", steps=2), [1], stage="denoise", kind="stall", step=1, seconds=30,
+                             release=str(release)))
         found = wait_for("a RayUnavailable condition while Ray is away", lambda: next(
             (p for _, p, _ in op.patches_of("patient")
              if any(c["reason"] == "RayUnavailable" for c in p.get("conditions") or [])), None), timeout=120)
@@ -138,6 +140,7 @@ def test_ray_unreachable_then_back_the_job_completes(operators, crd, namespace, 
                  lambda: _metric(op, "videojob_ray_errors_total") > errors, timeout=120)
         assert videojob(crd, namespace, "patient")["status"]["phase"] == "Running"
         outage.up()
+        release.touch()
         status = op.wait("patient", timeout=400)["status"]
     finally:
         outage.down()

@@ -9,8 +9,9 @@ so the save all-gathers the latents), preempted by the real driver
 (``python -m videojob_runtime.driver --preempt``) run as a subprocess against
 the test's Ray; the group stays usable for the next job.
 
-Each job stalls after step 4 (an injected fault: the ranks sleep at that
-boundary) so the cancel lands there whatever the machine's load."""
+Each job stalls after step 4 (an injected fault: the ranks wait at that
+boundary, 20 s at most, until the cancel reaches them) so the cancel lands
+there whatever the machine's load."""
 
 from __future__ import annotations
 

@@ -212,20 +212,21 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(entry.decode(errors="replace").partition("=")[::2] for entry in raw.split(b"\0") if entry)
 
 
-def test_a_query_in_the_image_url_stays_off_the_entrypoint_the_log_and_the_ranks(staged_cluster):
+def test_a_query_in_the_image_url_stays_off_the_entrypoint_the_log_and_the_ranks(staged_cluster, tmp_path):
     """The operator's submission path (``DriverRequest.submission``, ``DriverLaunch.submit``)
     through the real Jobs API: the request, whose image URL has a query, goes in the
     submission's runtime_env; the driver reads it, fetches the image with its query and
     succeeds; the Ray job's entrypoint and the driver's log hold no query, and the rank
-    actor (the i2v model runs on one; seen while the job stalls at denoise) was started
-    without the request."""
+    actor (the i2v model runs on one; seen while the job stalls at denoise, released once
+    seen) was started without the request."""
     from videojob.controller.groups import DriverLaunch
 
     client, staging, server = staged_cluster
     query = f"/face.png?v={SECRET}&expires=1"
     server.routes[query] = server.routes["/face.png"]  # the server answers only the URL with its query
+    release = tmp_path / "release-presigned"  # each stall (before and after every step) is 10 s at most
     request = _i2v("presigned", f"{server.url}{query}",
-                   fault={"stage": "denoise", "kind": "stall", "seconds": 10})
+                   fault={"stage": "denoise", "kind": "stall", "seconds": 10, "release": str(release)})
     entrypoint, runtime_env = request.submission(PY)
     assert runtime_env is not None, "a request with a query must travel outside the entrypoint"
     sid = submission_id(request.namespace, request.name, request.uid, request.attempt)
@@ -248,6 +249,7 @@ def test_a_query_in_the_image_url_stays_off_the_entrypoint_the_log_and_the_ranks
         assert REQUEST_ENV not in env, f"rank {actor['name']} was started with the request"
         held = [k for k, v in env.items() if SECRET in v or encoded in v]
         assert not held, f"rank {actor['name']}'s environment holds the query in {held}"
+    release.touch()
 
     job, logs = _end(client, sid)
     result = result_of(logs)

@@ -57,7 +57,13 @@ class JobGate:
             return
         where = f"{stage}" + (f" after step {step}" if step else "") + f" on rank {self.worker.rank}"
         if fault.kind == "stall":
-            time.sleep(fault.seconds)
+            # At most fault.seconds; over as soon as a cancel or preemption of this job
+            # reached this rank (the vote after it then stops the job at once), or the
+            # test released it.
+            tokens, job_id = self.worker.tokens, self.req.job_id
+            started = time.monotonic()
+            ended = fault.stall(stop=lambda: tokens.level(job_id) > 0)
+            log.info("injected stall in %s: %s after %.1fs", where, ended, time.monotonic() - started)
             return
         if fault.kind == "exit":
             log.error("injected fault: exiting the process in %s", where)

@@ -143,8 +143,9 @@ def _rendezvous_fault(fault: FaultInjection, rank: int) -> None:
     """A test fault on ``rank`` before it joins the process group (its peers may already wait in it)."""
     if not fault.applies("rendezvous", rank):
         return
-    if fault.kind == "stall":
-        time.sleep(fault.seconds)
+    if fault.kind == "stall":  # no job yet, so no cancel to end it: its seconds, or until released
+        ended = fault.stall()
+        log.info("injected stall in the rendezvous on rank %d: %s", rank, ended)
     elif fault.kind == "exit":
         log.error("injected fault: exiting the process in the rendezvous on rank %d", rank)
         os._exit(17)

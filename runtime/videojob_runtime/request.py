@@ -9,8 +9,10 @@ setting.
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
 from videojob.api.uris import name_problem
 
@@ -31,10 +33,16 @@ class FaultInjection:
 
     ``kind``: "error" raises a RuntimeError, "oom" an out-of-memory error (as
     a CUDA OOM would), "exit" kills the rank's process (a lost actor),
-    "stall" sleeps ``seconds`` (a slow stage: time to cancel it, or to time out).
-    ``step``: for the denoise stage, the step (1-based) after which it fails.
+    "stall" waits (a slow stage: time to cancel it, or to time out) for at most
+    ``seconds``, ending early (``stall``) once a cancel or a preemption of the
+    job reached the rank (the vote after it then stops the job at once), or once
+    the file ``release`` (an absolute path; stalls only) exists: a test creates
+    it where the job may go on.
+    ``step``: for the denoise stage, the step (1-based) after which it fails;
+    None: at the stage's start and, for denoise, after every step.
     ``stage`` "rendezvous" (``GROUP_STAGES``): in the rank's ``init_distributed``,
-    before it joins the process group ("oom" has no meaning there).
+    before it joins the process group ("oom" has no meaning there; no job, so
+    only ``release`` ends a stall there early).
     """
 
     stage: str
@@ -42,6 +50,7 @@ class FaultInjection:
     rank: int | None = None
     step: int | None = None
     seconds: float = 0.0
+    release: str | None = None
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES + GROUP_STAGES:
@@ -50,11 +59,31 @@ class FaultInjection:
             raise ValueError(f"FaultInjection.kind must be one of {FAULT_KINDS}, got {self.kind!r}")
         if self.stage in GROUP_STAGES and self.kind == "oom":
             raise ValueError(f"FaultInjection.kind 'oom' applies to job stages {STAGES}, not {self.stage!r}")
+        if self.release is not None:
+            if not isinstance(self.release, str) or not os.path.isabs(self.release):
+                raise ValueError(f"FaultInjection.release must be an absolute path, got {self.release!r}")
+            if self.kind != "stall":
+                raise ValueError(f"FaultInjection.release applies to kind 'stall' only, not {self.kind!r}")
 
     def applies(self, stage: str, rank: int, step: int | None = None) -> bool:
         if stage != self.stage or (self.rank is not None and rank != self.rank):
             return False
         return self.step is None or step == self.step
+
+    def stall(self, stop: Callable[[], bool] | None = None, poll_s: float = 0.05) -> str:
+        """Wait out a "stall": at most ``seconds``, ending early once ``stop()`` is true
+        (the job's cancel reached this rank) or the ``release`` file exists. Returns why
+        it ended: "stopped", "released" or "elapsed"."""
+        deadline = time.monotonic() + max(0.0, float(self.seconds))
+        while True:
+            if stop is not None and stop():
+                return "stopped"
+            if self.release is not None and os.path.exists(self.release):
+                return "released"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "elapsed"
+            time.sleep(min(poll_s, left))
 
 
 @dataclass
