@@ -46,6 +46,9 @@ from pathlib import Path
 
 import pytest
 
+# The suite's timings, the shared Ray head, services stopped after their last user (tests/suite_timings.py, shared_ray.py, resource_order.py).
+pytest_plugins = ["suite_timings", "shared_ray", "resource_order"]
+
 REPO = Path(__file__).resolve().parents[1]
 LOCALCLUSTER = REPO / "hack" / "cluster" / "localcluster.py"
 # Covers a cold build of the binaries (build-tools.sh) plus start-up.
@@ -94,6 +97,61 @@ class Kubectl(str):
         return res
 
 
+class ApiReader:
+    """GETs on the API server over one kept-alive TLS connection per thread, as the
+    admin: tests poll an object's status without forking kubectl (a fork costs
+    ~0.1 s of a core, which the job under test needs on a 2-core machine)."""
+
+    def __init__(self, server: str, pki: Path, timeout: float = 30):
+        import ssl
+        import threading
+        from urllib.parse import urlsplit
+
+        where = urlsplit(server)
+        self._host, self._port, self._timeout = where.hostname, where.port or 443, timeout
+        self._tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        self._tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        self._local = threading.local()
+
+    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict | None]:
+        """(HTTP status, the JSON answer) of ``method`` on ``path`` (``/api/...``, ``/apis/...``)."""
+        import http.client
+
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Accept": "application/json", **({"Content-Type": "application/json"} if data else {})}
+        while True:
+            conn = getattr(self._local, "conn", None)
+            kept = conn is not None
+            if conn is None:
+                conn = self._local.conn = http.client.HTTPSConnection(
+                    self._host, self._port, context=self._tls, timeout=self._timeout)
+            try:
+                conn.request(method, path, body=data, headers=headers)
+                response = conn.getresponse()
+                answer = response.read()
+                break
+            except (http.client.HTTPException, OSError):
+                conn.close()
+                self._local.conn = None
+                # A kept-alive connection the server closed while idle: once more on a new
+                # one (a POST that did arrive then answers 409, which its caller reads).
+                if not kept:
+                    raise
+        try:
+            return response.status, json.loads(answer) if answer else None
+        except ValueError:
+            return response.status, {"raw": answer[:1000].decode(errors="replace")}
+
+    def get(self, path: str) -> dict | None:
+        """The object at ``path``, or None when the API server says 404."""
+        status, obj = self.request("GET", path)
+        if status == 404:
+            return None
+        if status != 200:
+            raise RuntimeError(f"GET {path}: HTTP {status}: {obj}")
+        return obj
+
+
 class KubeCluster:
     """Handle on the loopback cluster.
 
@@ -102,6 +160,7 @@ class KubeCluster:
                 kubectl(*args, check=True, input=None, kubeconfig=None, timeout=120)
     bin_dir     Path with kubectl, kube-apiserver, kube-controller-manager, etcd
     server      https://127.0.0.1:<port>
+    api         an ApiReader: ``api.get("/apis/...")`` without forking kubectl (for polling)
     """
 
     def __init__(self, state: dict):
@@ -112,6 +171,13 @@ class KubeCluster:
         self.cluster_dir = Path(state["cluster_dir"])
         self.ca_file = self.cluster_dir / "pki" / "ca.crt"
         self.kubectl = Kubectl(str(self.bin_dir / "kubectl"), self)
+        self._api: ApiReader | None = None
+
+    @property
+    def api(self) -> ApiReader:
+        if self._api is None:
+            self._api = ApiReader(self.server, self.cluster_dir / "pki")
+        return self._api
 
     def get_json(self, *args: str, **kwargs) -> dict:
         """`kubectl get ARGS -o json`, parsed."""
@@ -319,7 +385,11 @@ def _new_namespace(cluster: KubeCluster) -> str:
     manifest = {"apiVersion": "v1", "kind": "Namespace",
                 "metadata": {"name": name,
                              "labels": {"app.kubernetes.io/part-of": "videojob-tests"}}}
-    cluster.kubectl("create", "-f", "-", input=json.dumps(manifest))
+    status, answer = cluster.api.request("POST", "/api/v1/namespaces", manifest)
+    if status == 409 and cluster.api.get(f"/api/v1/namespaces/{name}"):  # sent twice (ApiReader.request)
+        status = 201
+    if status != 201:
+        raise RuntimeError(f"creating namespace {name}: HTTP {status}: {answer}")
     return name
 
 
@@ -352,8 +422,7 @@ def namespace(kube_cluster: KubeCluster):
     """A fresh namespace `vj-test-<random>`; deleted (without waiting) after the test."""
     name = _new_namespace(kube_cluster)
     yield name
-    kube_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found",
-                         check=False)
+    kube_cluster.api.request("DELETE", f"/api/v1/namespaces/{name}")  # not waited for; a 404 is fine
 
 
 @pytest.fixture(scope="session")

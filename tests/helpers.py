@@ -159,6 +159,15 @@ def _live_group_members(pgid: int) -> list[int]:
     return live
 
 
+def _record_start(kind: str, seconds: float) -> None:
+    """A service's start-up seconds for the suite's timings (only inside pytest)."""
+    try:
+        from suite_timings import record_start
+    except ImportError:
+        return
+    record_start(kind, seconds)
+
+
 class RayHead:
     """A Ray head a test starts as its own process group (``ray start --head
     --block``), with its own temp dir and explicit auth, and stops by signalling
@@ -204,6 +213,7 @@ class RayHead:
         import socket
         import subprocess
 
+        began = time.monotonic()
         self.log = open(self.root / "ray-head.log", "w")
         self.process = subprocess.Popen(self._argv, env={**os.environ, **self.extra_env, **self.env},
                                         stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -223,6 +233,7 @@ class RayHead:
         except BaseException:
             self.__exit__(None, None, None)  # a head that did not come up leaves no process or temp dir
             raise
+        _record_start("ray-head", time.monotonic() - began)
         return self
 
     def _jobs_api_up(self) -> bool:
@@ -266,7 +277,7 @@ class RayHead:
         except ProcessLookupError:
             pass  # nothing of it is left
         try:
-            self.process.wait(timeout=5)
+            self.process.wait(timeout=1)
         except subprocess.TimeoutExpired:
             pass  # `ray start --block` takes ~30 s to wind down on SIGTERM: it is our own cluster, so kill it
         deadline = time.monotonic() + 30

@@ -151,7 +151,11 @@ class OperatorProcess:
 
 
 def videojob(cluster, namespace: str, name: str) -> dict:
-    return json.loads(cluster.kubectl("get", "vj", name, "-n", namespace, "-o", "json").stdout)
+    """The VideoJob as the API server holds it (read without forking kubectl: tests poll this)."""
+    obj = cluster.api.get(f"/apis/videojob.io/v1alpha1/namespaces/{namespace}/videojobs/{name}")
+    if obj is None:
+        raise LookupError(f"VideoJob {namespace}/{name} not found")
+    return obj
 
 
 def wait_phase(cluster, namespace: str, name: str, phases: set[str], timeout: float = 240) -> dict:

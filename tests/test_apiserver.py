@@ -23,13 +23,6 @@ GROUP, VERSION, PLURAL = "videojob.io", "v1alpha1", "videojobs"
 
 
 @pytest.fixture(scope="module")
-def crd(kube_cluster):
-    """Install (or update) the CRD and wait until the server serves it."""
-    kube_cluster.install_crd()
-    return kube_cluster
-
-
-@pytest.fixture(scope="module")
 def custom_api(crd):
     api_client = k8s_config.new_client_from_config(config_file=str(crd.kubeconfig))
     yield k8s.CustomObjectsApi(api_client)

@@ -101,3 +101,23 @@ def test_namespace_deletion_finishes(kube_cluster):
     took = _wait_gone(kube_cluster, f"namespace {name} (namespace controller)",
                       "namespace", name, deadline_s=60)
     assert took < 60
+
+
+def test_the_kept_alive_reader_opens_a_new_connection_when_the_server_closed_it(kube_cluster):
+    """KubeCluster.api (the tests' poller) keeps one connection per thread; one the server
+    closed while idle is opened again, for a POST too (a namespace made after it)."""
+    import socket
+
+    from conftest import _new_namespace
+
+    api = kube_cluster.api
+    assert api.get("/api/v1/namespaces/default")["metadata"]["name"] == "default"
+    api._local.conn.sock.shutdown(socket.SHUT_RDWR)  # as an idle timeout on the server would
+    name = _new_namespace(kube_cluster)
+    try:
+        assert api.get(f"/api/v1/namespaces/{name}")["metadata"]["name"] == name
+        api._local.conn.sock.shutdown(socket.SHUT_RDWR)
+        assert api.get(f"/api/v1/namespaces/{name}-absent") is None
+    finally:
+        status, _ = api.request("DELETE", f"/api/v1/namespaces/{name}")
+        assert status == 200, status

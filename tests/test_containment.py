@@ -31,7 +31,7 @@ from helpers import require_module  # noqa: E402 - a skip, or a failure where re
 import yaml
 
 from helpers import REPO
-from test_apiserver import crd, custom_api  # noqa: F401 - the real API server's fixtures
+from test_apiserver import custom_api  # noqa: F401 - the real API server's fixture (crd: tests/shared_ray.py)
 from videojob.api import InvalidVideoJob, VideoJob, parse_videojob
 from videojob.api.uris import uri_problem
 from videojob.settings import RunSettings

@@ -20,7 +20,7 @@ require_module("aiohttp_cors", reason="Ray's Jobs API (the dashboard) needs ray[
 
 from helpers import RayHead  # noqa: E402
 from operator_harness import python_without_runtime  # noqa: E402
-from test_placement_operator import Run, crd  # noqa: E402,F401 - the CRD fixture, applied once per module
+from test_placement_operator import Run  # noqa: E402
 from videojob.raycluster.client import HttpRayClient  # noqa: E402
 
 pytestmark = pytest.mark.cluster

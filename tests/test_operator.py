@@ -12,6 +12,7 @@ import json
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from helpers import require_module  # noqa: E402 - a skip, or a failure where required
@@ -19,13 +20,12 @@ from helpers import require_module  # noqa: E402 - a skip, or a failure where re
 require_module("ray")
 require_module("xfuser")
 
-from helpers import RayHead, free_port, wait_for  # noqa: E402
+from helpers import free_port, wait_for  # noqa: E402
 from operator_harness import (  # noqa: E402
     OperatorProcess, create, elapsed_since, python_without_runtime, rbac_rules, tiny_job, videojob, wait_phase,
     write_inventory,
 )
 from operator_inprocess import with_fault  # noqa: E402
-from videojob.raycluster.client import HttpRayClient  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 # Bigger than the demo's 64x64: a step takes long enough to act while the job runs.
@@ -34,36 +34,13 @@ SLOW_VIDEO = {"width": 192, "height": 192, "frames": 17, "fps": 8}
 FAULTS = {"VIDEOJOB_ALLOW_FAULT_INJECTION": "1"}
 
 
-def _stalled(doc: dict, seconds: float) -> dict:
-    """``doc`` whose first attempt sleeps ``seconds`` after denoise step 1 on every rank:
-    a job still running at a known point, however fast or slow steps are on this machine."""
-    return with_fault(doc, [1], stage="denoise", kind="stall", step=1, seconds=seconds)
-
-
-@pytest.fixture(scope="module")
-def crd(kube_cluster):
-    kube_cluster.install_crd()
-    return kube_cluster
-
-
-@pytest.fixture(scope="module")
-def roots(tmp_path_factory):
-    base = tmp_path_factory.mktemp("operator")
-    return {"outputs": base / "outputs", "work": base / "work", "base": base}
-
-
-@pytest.fixture(scope="module")
-def ray_head(roots):
-    """A Ray head the test owns: its drivers inherit where outputs go."""
-    roots["outputs"].mkdir(parents=True, exist_ok=True)
-    with RayHead(num_cpus=2, dashboard=True, env={"VIDEOJOB_OUTPUT_ROOT": str(roots["outputs"]),
-                                                  "OMP_NUM_THREADS": "1"}) as head:
-        yield head
-
-
-@pytest.fixture(scope="module")
-def ray_client(ray_head):
-    return HttpRayClient(ray_head.dashboard_url, token=ray_head.token)
+def _stalled(doc: dict, seconds: float, release: Path | None = None) -> dict:
+    """``doc`` whose first attempt stalls after denoise step 1 on every rank: a job still
+    running at a known point, however fast or slow steps are on this machine. The stall
+    lasts ``seconds`` at most: it ends once the job is cancelled, or once the test creates
+    the file ``release`` (where the job must go on after the test acted)."""
+    fault = {"release": str(release)} if release is not None else {}
+    return with_fault(doc, [1], stage="denoise", kind="stall", step=1, seconds=seconds, **fault)
 
 
 @pytest.fixture
@@ -177,21 +154,25 @@ def test_a_job_that_never_started_is_deleted_at_once(crd, namespace, roots, oper
 # Slow (CI time): `make test` covers a restart mid job with
 # test_operator_races::test_restart_while_a_job_runs_on_a_reused_warm_group_books_it_once.
 @pytest.mark.slow
-def test_restart_mid_job_adopts_the_driver(crd, namespace, ray_client, roots, operator_env):
+def test_restart_mid_job_adopts_the_driver(crd, namespace, ray_client, roots, operator_env, tmp_path):
     """Kill the operator (SIGKILL) while its job runs and start it again: the job
     completes, its driver was submitted once, and the weights were loaded once."""
     from videojob.driver_protocol import result_of
 
     operator = OperatorProcess(crd, namespace, roots["work"], {**operator_env, **FAULTS}).start()
     try:
-        # Stalled 30 s after step 1, so the driver still runs when the operator is back
-        # (a restart takes seconds); then it finishes under the new operator.
-        created = create(crd, namespace, _stalled(tiny_job("survivor", steps=3), 30))
+        # Stalled after step 1 (30 s at most), so the driver still runs when the operator is
+        # back; released once the new operator adopted it, then it finishes under that one.
+        release = tmp_path / "release-survivor"
+        created = create(crd, namespace, _stalled(tiny_job("survivor", steps=3), 30, release))
         wait_for("the job to run", lambda: ((videojob(crd, namespace, "survivor").get("status") or {})
                                             .get("progress") or {}).get("step", 0) >= 1, timeout=180)
         operator.kill()
         time.sleep(1.5)  # Ray keeps running the driver while no operator watches
         operator.start()
+        wait_for("the new operator to adopt the running driver", lambda: "adopted (RUNNING)" in operator.log(),
+                 timeout=60)
+        release.touch()
         obj = wait_phase(crd, namespace, "survivor", {"Succeeded", "Failed"}, timeout=240)
         assert obj["status"]["phase"] == "Succeeded", obj["status"].get("message")
         uid = created["metadata"]["uid"]
@@ -207,7 +188,7 @@ def test_restart_mid_job_adopts_the_driver(crd, namespace, ray_client, roots, op
 # Slow (CI time): `make test` covers an expired list with test_apiserver's expired continue token
 # and restarts with test_operator_races.
 @pytest.mark.slow
-def test_conflicts_and_dropped_watches_lose_nothing(crd, namespace, ray_client, roots, operator_env):
+def test_conflicts_and_dropped_watches_lose_nothing(crd, namespace, ray_client, roots, operator_env, tmp_path):
     """A job queued behind another has its labels changed every few ms while it
     waits and runs, so the operator's conditional write of its attempt (made
     from the status it read before it queued) meets a real 409; and the API
@@ -223,9 +204,11 @@ def test_conflicts_and_dropped_watches_lose_nothing(crd, namespace, ray_client, 
             n += 1
 
     with OperatorProcess(crd, namespace, roots["work"], env) as operator:
-        # `blocker` holds both ranks for 30 s after its first step (a stall, not a number of
-        # steps), so `churn` is queued behind it however slowly the operator picks it up.
-        create(crd, namespace, _stalled(tiny_job("blocker", steps=2), 30))
+        # `blocker` holds both ranks after its first step (a stall of 30 s at most, not a number
+        # of steps), so `churn` is queued behind it however slowly the operator picks it up;
+        # released once `churn` is queued and its labels change.
+        release = tmp_path / "release-blocker"
+        create(crd, namespace, _stalled(tiny_job("blocker", steps=2), 30, release))
         wait_phase(crd, namespace, "blocker", {"Running", "Succeeded", "Failed"}, timeout=120)
         created = create(crd, namespace, tiny_job("churn", steps=20))
         wait_phase(crd, namespace, "churn", {"Queued"}, timeout=60)
@@ -233,6 +216,9 @@ def test_conflicts_and_dropped_watches_lose_nothing(crd, namespace, ray_client, 
         for thread in threads:
             thread.start()
         try:
+            wait_for("`churn`'s labels to change while it is queued", lambda: {"churn0", "churn1"} <= set(
+                videojob(crd, namespace, "churn")["metadata"].get("labels") or {}), timeout=60)
+            release.touch()
             obj = wait_phase(crd, namespace, "churn", {"Succeeded", "Failed"}, timeout=240)
         finally:
             stop.set()

@@ -23,6 +23,7 @@ import json
 import logging
 import re
 import sys
+import time
 import uuid
 
 import pytest
@@ -34,7 +35,7 @@ require_module("xfuser")
 
 from operator_harness import create, videojob  # noqa: E402
 from operator_inprocess import InProcess, one_rank, operator_factory, with_fault  # noqa: E402
-from test_operator import SLOW_VIDEO, crd, ray_client, ray_head, roots  # noqa: E402,F401 - shared fixtures
+from test_operator import SLOW_VIDEO  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 CPU1 = [{"name": "cpu1", "gpusPerPod": 1, "maxPods": 1}]
@@ -67,15 +68,21 @@ def test_no_placement_frees_the_gpus_in_the_books_and_the_metrics(operators, ray
     """Each rank asks for 4 CPUs of a 2-CPU Ray head: the real driver reports
     NoPlacement; while re-queued the class's GPU is free in the books and in
     /metrics; at the limit the job fails, holding nothing."""
+    # Longer than one attempt (a driver's start plus the 2 s placement wait, ~5 s) by a
+    # margin for a loaded machine, so the job is re-queued at least once before the limit.
+    limit = 15.0
     op = operators(cpus_per_rank=4.0, placement_timeout_s=2, placement_max_wait_s=2,
-                   placement_requeue_limit_s=40, retry_backoff_s=0.5, max_attempts=1)
+                   placement_requeue_limit_s=limit, retry_backoff_s=0.5, max_attempts=1)
     op.sample_metrics = {"Queued"}
     op.start()
+    started = time.monotonic()
     obj = op.create(one_rank("unplaceable"))
     status = op.wait("unplaceable", timeout=400)["status"]
+    took = time.monotonic() - started
     assert status["phase"] == "Failed", json.dumps(status, indent=1)[-3000:]
     completed = next(c for c in status["conditions"] if c["type"] == "Completed")
     assert completed["reason"] == "NoPlacement", completed
+    assert took >= limit, f"failed after {took:.1f}s, before the {limit:g} s requeue limit"
     assert {a["result"] for a in status["attempts"]} == {"Requeued"} and len(status["attempts"]) >= 2
     assert all(a["reason"] == "NoPlacement" for a in status["attempts"]), status["attempts"]
     held = [books["classes"]["cpu1"]["allocated"] for _, p, books in op.patches_of("unplaceable")
@@ -103,7 +110,7 @@ def _on(klass: str, name: str, **changes) -> dict:
 
 
 def test_restart_with_queued_jobs_and_warm_groups_admits_the_priority_first(operators, crd, namespace,  # noqa: F811
-                                                                          ray_client):
+                                                                          ray_client, tmp_path):
     """Two classes of one rank. On x, `kept` leaves an idle warm group Gx. On y,
     `warm` leaves G, `long` reuses G and runs, `low` then `high` (priority 10)
     queue behind it. The operator stops; `long` ends while none runs. The new
@@ -118,9 +125,12 @@ def test_restart_with_queued_jobs_and_warm_groups_admits_the_priority_first(oper
     for status in (kept, warm):
         assert status["phase"] == "Succeeded" and status["actorGroup"]["kept"], status.get("message")
     gx, group = kept["actorGroup"]["name"], warm["actorGroup"]["name"]
-    # `long` stalls 40 s after its first step (not "many steps": step time depends on
-    # the machine's load), so it is still running when the operator stops.
-    first.create(with_fault(_on("y", "long", steps=3), [1], stage="denoise", kind="stall", step=1, seconds=40))
+    # `long` stalls after its first step (not "many steps": step time depends on the
+    # machine's load), so it is still running when the operator stops; released (40 s
+    # at most) once the operator stopped, so it ends while none runs.
+    release = tmp_path / "release-long"
+    first.create(with_fault(_on("y", "long", steps=3), [1], stage="denoise", kind="stall", step=1, seconds=40,
+                            release=str(release)))
     wait_for("`long` to run", lambda: ((videojob(crd, namespace, "long").get("status") or {}).get("progress")
                                        or {}).get("step", 0) >= 1, timeout=300)
     first.create(_on("y", "low", steps=2))
@@ -131,6 +141,7 @@ def test_restart_with_queued_jobs_and_warm_groups_admits_the_priority_first(oper
     long_attempt = videojob(crd, namespace, "long")["status"]["attempts"][-1]
     assert long_attempt["group"] == group, "`long` reused the warm group"
     first.stop()
+    release.touch()
     wait_for("`long`'s driver to end while no operator runs",
              lambda: (j := ray_client.job(long_attempt["submissionId"])) is not None and j.terminal, timeout=400)
     assert {gx, group} <= _groups(ray_client), "both warm groups outlived the operator"
@@ -156,7 +167,8 @@ def test_restart_with_queued_jobs_and_warm_groups_admits_the_priority_first(oper
 # Slow (CI time): `make test` covers spilling with tests/test_scheduler.py's spill tests and the
 # books with the restart test above.
 @pytest.mark.slow
-def test_a_busy_class_spills_and_warm_groups_expire(operators, crd, namespace, ray_client, caplog):  # noqa: F811
+def test_a_busy_class_spills_and_warm_groups_expire(operators, crd, namespace, ray_client, caplog,  # noqa: F811
+                                                   tmp_path):
     """Class a is preferred (cheaper); b is faster. `first` runs on a; `second`, whose
     class a is busy, spills to b, where it ends sooner. Both keep their groups; the
     sweeper tears each down once idle past the TTL (4 s), and the books let go."""
@@ -165,14 +177,20 @@ def test_a_busy_class_spills_and_warm_groups_expire(operators, crd, namespace, r
     caplog.set_level(logging.INFO, logger="videojob.admission")
     op = operators(classes, warm_group_ttl_s=4, sweep_interval_s=1).start()
     # `first` is planned long (30 steps of the slow video: the spill compares the wait
-    # for a, from that plan, with running on b) and also holds a for 45 s after its
-    # first step (a stall: step time depends on the machine's load), so `second` is
-    # planned while a is busy however slowly the operator picks it up.
+    # for a, from that plan, with running on b) and also holds a after its first step (a
+    # stall of 45 s at most: step time depends on the machine's load), so `second` is
+    # planned while a is busy however slowly the operator picks it up; released once
+    # `second` runs.
+    release = tmp_path / "release-first"
     op.create(with_fault(one_rank("first", steps=30, video=SLOW_VIDEO), [1], stage="denoise", kind="stall",
-                         step=1, seconds=45))
+                         step=1, seconds=45, release=str(release)))
     wait_for("`first` to run on a", lambda: (videojob(crd, namespace, "first").get("status") or {})
              .get("phase") == "Running", timeout=300)
     op.create(one_rank("second", steps=2))
+    wait_for("`second` to run while `first` holds a", lambda: (videojob(crd, namespace, "second").get("status")
+                                                               or {}).get("phase") in ("Running", "Succeeded",
+                                                                                      "Failed"), timeout=300)
+    release.touch()
     ended = {name: op.wait(name, timeout=400)["status"] for name in ("second", "first")}
     assert ended["first"]["phase"] == "Succeeded" and ended["first"]["plan"]["gpuClass"] == "a"
     second = ended["second"]

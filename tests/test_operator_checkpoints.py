@@ -19,7 +19,6 @@ require_module("ray")
 require_module("xfuser")
 
 from operator_inprocess import one_rank, operator_factory, with_fault  # noqa: E402
-from test_operator import crd, ray_client, ray_head, roots  # noqa: E402,F401 - shared fixtures
 
 pytestmark = pytest.mark.cluster
 CPU1 = [{"name": "cpu1", "gpusPerPod": 1, "maxPods": 1}]

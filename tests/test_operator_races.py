@@ -27,7 +27,7 @@ from operator_inprocess import with_fault
 require_module("ray")
 require_module("xfuser")
 
-from test_operator import SLOW_VIDEO, crd, ray_client, ray_head, roots  # noqa: E402,F401 - shared fixtures
+from test_operator import SLOW_VIDEO  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 CLASS = "cpu2"
@@ -132,7 +132,8 @@ def _groups_held(ray) -> set[str]:
     return set(groups_in_ray(ray))
 
 
-def test_restart_while_a_job_runs_on_a_reused_warm_group_books_it_once(crd, namespace, operators, ray_client):  # noqa: F811
+def test_restart_while_a_job_runs_on_a_reused_warm_group_books_it_once(crd, namespace, operators, ray_client,  # noqa: F811
+                                                                      tmp_path):
     """X keeps its group G warm; Y reuses G; the operator restarts while Y runs.
     The new books count G once (Y's), not also as X's idle group; Z, of the same
     pool, is therefore not sent to G (where it used to fail with GroupBusy) and
@@ -144,10 +145,11 @@ def test_restart_while_a_job_runs_on_a_reused_warm_group_books_it_once(crd, name
     assert x["status"]["phase"] == "Succeeded", x["status"].get("message")
     g = x["status"]["actorGroup"]["name"]
     assert x["status"]["actorGroup"]["kept"] and first.books()["idle"] == 1
-    # y stalls 30 s after its first step (not "many steps": their time depends on the load),
-    # so it still runs when the second operator rebuilds its books.
+    # y stalls after its first step (not "many steps": their time depends on the load),
+    # so it still runs when the second operator rebuilds its books; released once they are checked.
+    release = tmp_path / "release-y"
     create(crd, namespace, with_fault(_one_rank("y", steps=2), [1], stage="denoise", kind="stall", step=1,
-                                      seconds=30))
+                                      seconds=30, release=str(release)))
     first.daemon("y")
     y = wait_for("y to run on x's warm group and make progress", lambda: (
         (obj := videojob(crd, namespace, "y")).get("status", {}).get("progress", {}).get("step", 0) >= 1 and obj),
@@ -159,6 +161,7 @@ def test_restart_while_a_job_runs_on_a_reused_warm_group_books_it_once(crd, name
     books = second.books()
     assert (books["allocated"], books["idle"]) == (1, 0), (
         f"after the restart G is counted once, as y's: {books} (it used to be adopted as x's idle group too)")
+    release.touch()  # y still ran while the books were rebuilt: it may finish now
     create(crd, namespace, _one_rank("z"))
     second.daemon("y")
     second.daemon("z")

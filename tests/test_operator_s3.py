@@ -30,7 +30,6 @@ sys.path.insert(0, str(REPO / "hack" / "cluster"))
 from helpers import RayHead  # noqa: E402
 from lc.s3 import start_s3_server  # noqa: E402
 from operator_harness import OperatorProcess, create, tiny_job, videojob, wait_phase, write_inventory  # noqa: E402
-from test_operator import crd  # noqa: E402,F401 - the CRD fixture, applied once per module
 
 pytestmark = pytest.mark.cluster
 PRESIGN_S = 900

@@ -37,7 +37,6 @@ import pytest
 import yaml
 
 from operator_harness import create, tiny_job
-from test_operator import crd  # noqa: F401 - the CRD, applied once per module
 from videojob.driver_protocol import PROTOCOL, decode_request, record
 from videojob.raycluster.client import RayJob
 from videojob.settings import OperatorSettings

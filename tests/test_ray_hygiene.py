@@ -32,7 +32,6 @@ import yaml
 from helpers import RayHead, wait_for
 from videojob.controller.hygiene import ledger
 from operator_harness import tiny_job
-from test_operator import crd  # noqa: F401 - the CRD, applied once per module
 
 pytestmark = pytest.mark.cluster
 GROUP, VERSION, PLURAL = "videojob.io", "v1alpha1", "videojobs"

@@ -27,7 +27,6 @@ require_module("xfuser")
 from helpers import wait_for  # noqa: E402
 from operator_harness import OperatorProcess, create, tiny_job, videojob, wait_phase  # noqa: E402
 from operator_inprocess import with_fault  # noqa: E402
-from test_operator import crd, ray_client, ray_head, roots  # noqa: E402,F401 - shared fixtures
 
 pytestmark = pytest.mark.cluster
 ADMISSION = re.compile(r"admission: (admitted|released|evicted|expired) (\S+) class=(\S+) .*allocated=(\d+)/(\d+)")

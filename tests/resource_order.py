@@ -1,0 +1,63 @@
+"""Long-lived services are started for their first user and stopped after their last
+(a pytest plugin, loaded by conftest.py).
+
+A session fixture in ``RELEASED`` (a control plane, Kueue, the shared Ray head) would
+otherwise idle until the run ends, taking a share of the two cores from every test
+after its last user. So collection moves the modules that use one of them together,
+at the place of the first such module (each module keeps its own order), and right
+after the teardown of the last test in the run that uses it the fixture is finished
+(tests between its users that do not use it leave it running).
+"""
+from __future__ import annotations
+
+import pytest
+
+# In the order their groups are formed: a module using two of them follows the last.
+RELEASED = ("full_cluster", "e2e_cluster", "kueue", "ray_head")
+
+
+def _session_def(item, name: str):
+    """The session-scoped fixture ``name`` resolves to for ``item`` (None: not used, or a
+    module's own narrower fixture of that name)."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.get(name) if info else None
+    if not defs or name not in item.fixturenames:
+        return None
+    return defs[-1] if defs[-1].scope == "session" else None
+
+
+def _module(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    for name in RELEASED:
+        modules = {_module(item) for item in items if _session_def(item, name) is not None}
+        if not modules:
+            continue
+        first = next(i for i, item in enumerate(items) if _module(item) in modules)
+        together = [item for item in items if _module(item) in modules]
+        rest = [item for item in items if _module(item) not in modules]
+        items[:] = rest[:first] + together + rest[first:]
+
+
+_last_users: dict[str, str] = {}  # fixture name -> node id of the last test that uses it
+
+
+def _find_last_users(items) -> None:
+    for item in items:
+        for name in RELEASED:
+            if _session_def(item, name) is not None:
+                _last_users[name] = item.nodeid
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    if not _last_users:  # the run's final list (after deselection), once
+        _find_last_users(item.session.items)
+        _last_users.setdefault("", "")
+    for name in RELEASED:
+        fixturedef = _session_def(item, name)
+        if fixturedef is not None and fixturedef.cached_result is not None and _last_users.get(name) == item.nodeid:
+            fixturedef.finish(item._request)  # its last user is done
