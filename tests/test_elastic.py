@@ -13,7 +13,7 @@ class's custom resource (``videojob.inventory.class_resource``):
 2. a 1-rank group of class small launches one gpu1 node;
 3. once the groups are torn down, the idle worker nodes are removed, and no
    process of theirs is left;
-4. a group of class slow, whose node type ``slow1`` takes 15 s to come up
+4. a group of class slow, whose node type ``slow1`` takes 8 s to come up
    (``node_config.launch_delay_s``: tests/fake_slow_provider.py, like a pod
    scaled from zero plus an image pull), waits through the scale-up with a
    placement timeout of 5 s, because the autoscaler says it is launching a
@@ -379,12 +379,12 @@ def test_idle_worker_nodes_are_removed_after_teardown(cluster: Cluster):
 
 # -- placement waits for the autoscaler --------------------------------------------
 
-SLOW_DELAY_S = 15  # tests/data/fake_multi_node.yaml: slow1's launch_delay_s
+SLOW_DELAY_S = 8  # tests/data/fake_multi_node.yaml: slow1's launch_delay_s
 PLACEMENT_TIMEOUT_S = 5
 
 
 def test_a_placement_waits_through_a_scale_up_longer_than_its_timeout(cluster: Cluster):
-    """The group asks for a node that takes 15 s to come up with a placement timeout
+    """The group asks for a node that takes 8 s to come up with a placement timeout
     of 5 s: it waits (the autoscaler is launching one of its type) and starts there."""
     name = PREFIX + "slow"
     reply = cluster.driver.call("start", timeout=START_TIMEOUT_S + 60, name=name, ulysses=1,
