@@ -97,9 +97,9 @@ class Kubectl(str):
         return res
 
 
-class ApiReader:
-    """GETs on the API server over one kept-alive TLS connection per thread, as the
-    admin: tests poll an object's status without forking kubectl (a fork costs
+class ApiClient:
+    """Requests to the API server over one kept-alive TLS connection per thread, as the
+    admin: tests poll an object's status (and make namespaces) without forking kubectl (a fork costs
     ~0.1 s of a core, which the job under test needs on a 2-core machine)."""
 
     def __init__(self, server: str, pki: Path, timeout: float = 30):
@@ -160,7 +160,7 @@ class KubeCluster:
                 kubectl(*args, check=True, input=None, kubeconfig=None, timeout=120)
     bin_dir     Path with kubectl, kube-apiserver, kube-controller-manager, etcd
     server      https://127.0.0.1:<port>
-    api         an ApiReader: ``api.get("/apis/...")`` without forking kubectl (for polling)
+    api         an ApiClient: ``api.get("/apis/...")``, ``api.request(...)`` without forking kubectl (for polling)
     """
 
     def __init__(self, state: dict):
@@ -171,12 +171,12 @@ class KubeCluster:
         self.cluster_dir = Path(state["cluster_dir"])
         self.ca_file = self.cluster_dir / "pki" / "ca.crt"
         self.kubectl = Kubectl(str(self.bin_dir / "kubectl"), self)
-        self._api: ApiReader | None = None
+        self._api: ApiClient | None = None
 
     @property
-    def api(self) -> ApiReader:
+    def api(self) -> ApiClient:
         if self._api is None:
-            self._api = ApiReader(self.server, self.cluster_dir / "pki")
+            self._api = ApiClient(self.server, self.cluster_dir / "pki")
         return self._api
 
     def get_json(self, *args: str, **kwargs) -> dict:
@@ -386,7 +386,7 @@ def _new_namespace(cluster: KubeCluster) -> str:
                 "metadata": {"name": name,
                              "labels": {"app.kubernetes.io/part-of": "videojob-tests"}}}
     status, answer = cluster.api.request("POST", "/api/v1/namespaces", manifest)
-    if status == 409 and cluster.api.get(f"/api/v1/namespaces/{name}"):  # sent twice (ApiReader.request)
+    if status == 409 and cluster.api.get(f"/api/v1/namespaces/{name}"):  # sent twice (ApiClient.request)
         status = 201
     if status != 201:
         raise RuntimeError(f"creating namespace {name}: HTTP {status}: {answer}")

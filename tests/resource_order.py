@@ -41,22 +41,24 @@ def pytest_collection_modifyitems(session, config, items):
         items[:] = rest[:first] + together + rest[first:]
 
 
-_last_users: dict[str, str] = {}  # fixture name -> node id of the last test that uses it
+_last_users: dict[str, str] | None = None  # fixture name -> node id of the last test that uses it
 
 
-def _find_last_users(items) -> None:
+def _find_last_users(items) -> dict[str, str]:
+    found: dict[str, str] = {}
     for item in items:
         for name in RELEASED:
             if _session_def(item, name) is not None:
-                _last_users[name] = item.nodeid
+                found[name] = item.nodeid
+    return found
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
+    global _last_users
     yield
-    if not _last_users:  # the run's final list (after deselection), once
-        _find_last_users(item.session.items)
-        _last_users.setdefault("", "")
+    if _last_users is None:  # the run's final list (after deselection), once
+        _last_users = _find_last_users(item.session.items)
     for name in RELEASED:
         fixturedef = _session_def(item, name)
         if fixturedef is not None and fixturedef.cached_result is not None and _last_users.get(name) == item.nodeid:
