@@ -37,12 +37,24 @@ def go_build_seconds() -> dict[str, int | None]:
     return out
 
 
+def _cores(busy: float | None, wall: float | None, cpus: int | None) -> float | None:
+    """Busy CPU seconds over wall seconds; None under a second of wall time, where the
+    kernel's 10 ms ticks make the ratio noise (and never above the machine's cores)."""
+    if busy is None or not wall or wall < 1.0:
+        return None
+    return round(min(busy / wall, cpus or busy / wall), 2)
+
+
 def summarize(timings: dict, top: int = 30) -> dict:
     tests = timings["tests"]
     seconds = {nodeid: round(t["setup"] + t["call"] + t["teardown"], 2) for nodeid, t in tests.items()}
     by_module: dict[str, float] = defaultdict(float)
+    busy_by_module: dict[str, float] = defaultdict(float)
+    wall_by_module: dict[str, float] = defaultdict(float)
     for nodeid, secs in seconds.items():
         by_module[nodeid.split("::")[0]] += secs
+        busy_by_module[nodeid.split("::")[0]] += tests[nodeid].get("busyCpuSeconds") or 0.0
+        wall_by_module[nodeid.split("::")[0]] += tests[nodeid].get("wallSeconds") or 0.0
     fixtures: dict[str, dict] = {}
     for f in timings["fixtures"]:
         entry = fixtures.setdefault(f["fixture"], {"fixture": f["fixture"], "scope": f["scope"],
@@ -58,13 +70,22 @@ def summarize(timings: dict, top: int = 30) -> dict:
     return {
         "pytestSeconds": timings["pytestSeconds"],
         "pytestExitStatus": timings["exitStatus"],
+        # the machine's cores kept busy while pytest ran (all processes: the suite's and any other)
+        "cpuBusyFraction": timings.get("cpuBusyFraction"),
+        "cpuCount": timings.get("cpuCount"),
         "pytestArgs": timings.get("args"),
         "tests": len(tests),
         "outcomes": dict(Counter(t["outcome"] for t in tests.values())),
         "testSecondsSum": round(sum(seconds.values()), 1),
         "modules": {m: round(s, 1) for m, s in sorted(by_module.items(), key=lambda kv: -kv[1])},
+        # cores the machine kept busy on average while each module ran (of cpuCount)
+        "moduleBusyCores": {m: _cores(busy_by_module[m], wall_by_module[m], timings.get("cpuCount"))
+                            for m, _ in sorted(by_module.items(), key=lambda kv: -kv[1])},
         "longestTests": [{"test": nodeid, "seconds": secs, **{k: tests[nodeid][k] for k in
-                                                              ("setup", "call", "teardown")}}
+                                                              ("setup", "call", "teardown")},
+                          # cores the machine kept busy on average while it ran (of cpuCount)
+                          "busyCores": _cores(tests[nodeid].get("busyCpuSeconds"), tests[nodeid].get("wallSeconds"),
+                                              timings.get("cpuCount"))}
                          for nodeid, secs in longest],
         "longestFixtures": sorted(fixtures.values(), key=lambda f: -f["seconds"])[:top],
         "serviceStarts": starts,

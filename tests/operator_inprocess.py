@@ -94,7 +94,8 @@ class InProcess:
                 return obj
 
         api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig))
-        self.ray = HttpRayClient(url, token=ray_head.token, timeout_s=self.settings.ray_http_timeout_s)
+        self.ray = HttpRayClient(url, token=ray_head.token, timeout_s=self.settings.ray_http_timeout_s,
+                                 retries=self.settings.ray_http_retries)
         # The events the controller emits (kopf posts them in a real operator): (name, kind, reason, message).
         self.events: list[tuple[str, str, str, str]] = []
         self.controller = Controller(self.settings, ray=self.ray, jobs=RecordingJobs(api),

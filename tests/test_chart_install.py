@@ -326,8 +326,7 @@ def test_operator_runs_a_job_under_the_charts_rbac_and_inventory(full_cluster, h
                     # Expired: the operator's sweeper deletes it, as the chart's ServiceAccount (its
                     # Role must grant `delete` on videojobs); nothing else here deletes it.
                     wait_for("the operator to delete chart-tiny past its ttlSecondsAfterFinished",
-                             lambda: not full_cluster.kubectl("get", "vj", "chart-tiny", "-n", jobs,
-                                                              check=False).returncode == 0,
+                             lambda: full_cluster.api.get(f"/apis/videojob.io/v1alpha1/namespaces/{jobs}/videojobs/chart-tiny") is None,
                              timeout=EXPIRE_AFTER_S + 3 * SWEEP_S + 30)
                     assert "past its ttlSecondsAfterFinished; deleted" in operator.log(), operator.log()[-3000:]
                 finally:

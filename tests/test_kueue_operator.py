@@ -119,7 +119,8 @@ def _operator(crd, namespaces, tmp_path, ray_head, flavor, **settings) -> Teams:
 
 
 def _workloads(cluster, namespace: str) -> list[dict[str, Any]]:
-    return cluster.get_json("workloads.kueue.x-k8s.io", "-n", namespace)["items"]
+    """Polled: read over the kept-alive client, not a kubectl fork."""
+    return cluster.api.get(f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{namespace}/workloads")["items"]
 
 
 def _conditions(wl: dict) -> dict[str, dict]:

@@ -88,6 +88,14 @@ def test_probes(runner, namespace):
     assert condition(running, "Ready") == "False", "readiness starts False"
     (flags / "ready").touch()
     api.wait_pod(ns, "ready-flip", "Ready after the readiness file appears", lambda p: condition(p, "Ready") == "True")
+    # What the node lifecycle controller does to the pods of a node it thinks is gone; the
+    # runner, like a kubelet, puts its own view back (CI once saw a head pod stay unready).
+    marked = api.call("PATCH", f"/api/v1/namespaces/{ns}/pods/ready-flip/status",
+             {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "NodeNotReady"}]}},
+             ctype="application/strategic-merge-patch+json")
+    assert condition(marked, "Ready") == "False"
+    api.wait_pod(ns, "ready-flip", "Ready put back by the runner after another writer set it False",
+                 lambda p: condition(p, "Ready") == "True")
     (flags / "ready").unlink()
     back = api.wait_pod(ns, "ready-flip", "not Ready after it goes", lambda p: condition(p, "Ready") == "False")
     assert cstatus(back, "main")["restartCount"] == 0, "httpGet (with header) and tcpSocket probes pass"

@@ -50,15 +50,23 @@ def _files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
 
 
-def test_run_writes_to_the_specs_output_uri(tmp_path):
+def test_run_writes_to_the_specs_output_uri_and_never_uses_a_running_ray(tmp_path):
     """`make demo`: the files and the CLI's own lines; Ray's start-up chatter (its
     token-auth WARNING, "Started a local Ray instance") is not among them, and a
-    successful run leaves no log (an earlier failed run's log is removed with it)."""
+    successful run leaves no log (an earlier failed run's log is removed with it).
+    Also (one run, for CI time): a Ray cluster already running on the machine, named by
+    both its "current cluster" file and RAY_ADDRESS, is not used and gets no actor."""
     where = tmp_path / "outputs" / "videos" / "tiny-cpu"  # spec.output.uri local://videos/tiny-cpu
     where.mkdir(parents=True)
     (where / "tiny-cpu.log").write_text("an earlier run's failure\n")
-    result = _run(tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    with RayHead() as head:
+        result = _run(tmp_path, env={"RAY_ADDRESS": head.address, "RAY_TMPDIR": str(head.root)})
+        assert result.returncode == 0, result.stderr[-3000:]
+        used = next(line for line in result.stdout.splitlines() if line.strip().startswith("ray:"))
+        assert head.address not in used and f":{head.port}" not in used
+        names = head.run_python("import ray; ray.init(); "
+                                "print(sorted(a['Name'] for a in ray._private.state.actors().values()))")
+        assert "vj-" not in names, f"videojob run created actors in the running cluster: {names}"
     assert _files(where) == ["tiny-cpu.json", "tiny-cpu.mp4", "tiny-cpu.png"]
     lines = [line.split("\r")[-1] for line in result.stderr.splitlines() if line.split("\r")[-1].strip()]
     assert lines[0] == f"output: spec.output.uri local://videos/tiny-cpu -> {where}"
@@ -73,32 +81,30 @@ def test_run_writes_to_the_specs_output_uri(tmp_path):
     assert "per CPU rank" in result.stdout and "per GPU" not in result.stdout, "a CPU run says CPU rank"
 
 
-def test_out_overrides_the_output_uri_and_says_so_and_an_unset_seed_is_drawn(tmp_path):
-    """Also (one run, for CI time): a stale Ray state file and RAY_ADDRESS naming a
+def test_out_overrides_the_output_uri_inputs_are_read_here_and_an_unset_seed_is_drawn(tmp_path):
+    """`--out` wins over spec.output.uri and says so; local:// inputs are read where
+    `videojob run` runs (it says so) and the ranks read them there too; an unset seed is
+    drawn. Also (one run, for CI time): a stale Ray state file and RAY_ADDRESS naming a
     cluster that no longer exists are ignored."""
+    from PIL import Image
+
+    (tmp_path / "pics").mkdir()
+    Image.new("RGB", (64, 64), (200, 40, 40)).save(tmp_path / "pics" / "red.png")
     state = tmp_path / "raytmp" / "ray"
     state.mkdir(parents=True)
     (state / "ray_current_cluster").write_text("127.0.0.1:1")  # a cluster that no longer exists
     out = tmp_path / "elsewhere"
-    result = _run(tmp_path, "--out", str(out), "--set", "seed=null", env={"RAY_ADDRESS": "127.0.0.1:1"})
+    result = _run(tmp_path, *I2V, "--set", "image=local://pics/red.png", "--out", str(out), "--set", "seed=null",
+                  env={"RAY_ADDRESS": "127.0.0.1:1"}, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"--out {out} overrides spec.output.uri local://videos/tiny-cpu" in result.stderr
+    assert f"inputs: local:// under {tmp_path}" in result.stderr
     assert not (tmp_path / "outputs").exists()
+    assert _files(out) == ["tiny-cpu.json", "tiny-cpu.mp4", "tiny-cpu.png"]
     summary = json.loads((out / "tiny-cpu.json").read_text())
     assert summary["seedDrawn"] is True and 0 <= summary["seed"] < 2**32
+    assert summary["spec"]["image"] == "local://pics/red.png"
     assert f"seed {summary['seed']}" in result.stdout
-
-
-def test_a_ray_cluster_already_running_is_not_used(tmp_path):
-    with RayHead() as head:
-        # The machine's "current cluster" and RAY_ADDRESS both name the running head.
-        result = _run(tmp_path, "--quiet", env={"RAY_ADDRESS": head.address, "RAY_TMPDIR": str(head.root)})
-        assert result.returncode == 0, result.stderr[-3000:]
-        used = next(line for line in result.stdout.splitlines() if line.strip().startswith("ray:"))
-        assert head.address not in used and f":{head.port}" not in used
-        names = head.run_python("import ray; ray.init(); "
-                                "print(sorted(a['Name'] for a in ray._private.state.actors().values()))")
-        assert "vj-" not in names, f"videojob run created actors in the running cluster: {names}"
 
 
 def test_bad_input_exits_1_naming_the_field(tmp_path):
@@ -133,19 +139,6 @@ def test_a_missing_local_input_is_found_up_front_naming_the_field_path_and_setti
     assert lines[0].startswith(f"{EXAMPLE}: spec.image: ") and str(inputs / "cats" / "missing.png") in lines[0]
     assert "--inputs DIR" in lines[0] and "VIDEOJOB_DATA_ROOT" in lines[0]
     assert not (tmp_path / "outputs").exists()
-
-
-def test_local_inputs_are_read_from_the_current_directory_by_default(tmp_path):
-    """`videojob run` reads local:// inputs where it runs (its outputs go to ./out),
-    says so, and the ranks read them there too."""
-    from PIL import Image
-
-    (tmp_path / "pics").mkdir()
-    Image.new("RGB", (64, 64), (200, 40, 40)).save(tmp_path / "pics" / "red.png")
-    result = _run(tmp_path, *I2V, "--set", "image=local://pics/red.png", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"inputs: local:// under {tmp_path}" in result.stderr
-    assert _files(tmp_path / "outputs" / "videos" / "tiny-cpu") == ["tiny-cpu.json", "tiny-cpu.mp4", "tiny-cpu.png"]
 
 
 @pytest.mark.parametrize("case", ["proc", "a-file", "under-a-file", "dev-null", "name-too-long", "empty",

@@ -68,7 +68,7 @@ def _cleanup(cluster, namespace: str, ray_client, names: list[str]) -> None:
     for name in names:
         cluster.kubectl("delete", "vj", name, "-n", namespace, "--wait=false", check=False)
     wait_for("the test's VideoJobs to be gone",
-             lambda: not json.loads(cluster.kubectl("get", "vj", "-n", namespace, "-o", "json").stdout)["items"],
+             lambda: not cluster.api.get(f"/apis/videojob.io/v1alpha1/namespaces/{namespace}/videojobs")["items"],
              timeout=60)
     wait_for("no group of this test's jobs in Ray",
              lambda: not any(u in g for g in _groups(ray_client) for u in uids), timeout=60)

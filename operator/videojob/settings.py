@@ -128,6 +128,10 @@ class OperatorSettings(BaseSettings):
     ray_token_file: Optional[str] = Field(
         default=None, description="File holding the bearer token Ray's dashboard expects (a mounted Secret).")
     ray_http_timeout_s: float = Field(default=10.0, gt=0, description="Seconds per HTTP call to Ray.")
+    ray_http_retries: int = Field(
+        default=4, ge=0, le=10,
+        description="Tries again of one HTTP call to Ray that could not connect (backoff 0.5 s, doubling) "
+                    "before the job says Ray is unavailable and waits rayRetryS.")
     inventory_file: Optional[str] = Field(
         default=None,
         description="YAML with the GPUs one job may use (gpuMemory, gpusPerNode, hostMemory, gpuType, device); "

@@ -165,6 +165,10 @@ class KubeControllerManager(Process):
             "--controllers=*",
             # single instance: no lease to wait for after a restart
             "--leader-elect=false",
+            # Nodes here are kept by a Python heartbeat on a shared 2-core machine; a 50 s
+            # stall there (the default grace) is load, not a lost node, and NotReady would
+            # mark every pod on it unready (CI saw this once).
+            "--node-monitor-grace-period=180s",
             "--profiling=false",
             "--v=1",
         ]

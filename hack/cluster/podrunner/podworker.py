@@ -15,7 +15,7 @@ from .termination import Termination, field_path as _field
 from .kube import ApiError
 from .network import NetworkError
 from .probes import ProbeSet, Target
-from .status import CState, comparable, pod_status
+from .status import CState, comparable, owned, pod_status
 from .util import debug, error, info, parse_rfc3339, short_uid, warn
 from .volumes import VolumeError
 
@@ -64,6 +64,7 @@ class PodWorker(Termination, threading.Thread):
         self.init = [self._ctr(c, True) for c in spec.get("initContainers") or []]
         self.main = [self._ctr(c, False) for c in spec["containers"]]
         self._last_status: dict | None = None
+        self._status_retry = False   # the last status write failed: the next pass comes soon
         self._next_volume_sync = 0.0
         self._sandbox_error: str | None = None
         self._phase_override: tuple[str, str, str] | None = None
@@ -159,7 +160,8 @@ class PodWorker(Termination, threading.Thread):
         """One pass; returns seconds until the next pass is needed at the latest."""
         now = time.time()
         if self.terminal:
-            return 60.0
+            self._write_status(pod)   # a failed final write, or someone else's change, is put right
+            return 2.0 if self._status_retry else 60.0
         if not self.sandbox.ready:
             try:
                 self._create_sandbox(pod)
@@ -193,6 +195,8 @@ class PodWorker(Termination, threading.Thread):
         if self._phase_override is None:
             wait = min(wait, self._drive(pod))
         status = self._write_status(pod)
+        if self._status_retry:
+            wait = min(wait, 2.0)
         if status["phase"] in ("Succeeded", "Failed"):
             self._finish(status["phase"])
         elif deadline is not None:
@@ -393,11 +397,20 @@ class PodWorker(Termination, threading.Thread):
                             phase_override=override[0] if override else None,
                             reason=override[1] if override else None,
                             message=override[2] if override else None)
+        server = pod.get("status") or {}
         if self._last_status is None:
-            self._last_status = comparable(pod.get("status") or {})
-        if comparable(status) != self._last_status:
-            self.runner.patch_status(pod, status)
-            self._last_status = comparable(status)
+            self._last_status = comparable(server)
+        # Like the kubelet's status manager: write what changed, write again what did not
+        # reach the API server, and put back what someone else changed in the part the
+        # kubelet owns (the node lifecycle controller sets Ready=False on a node it thinks
+        # is gone and never sets it back; CI once saw a head pod stay unready that way).
+        if comparable(status) != self._last_status or owned(server, status) != owned(status, status):
+            if self.runner.patch_status(pod, status):
+                self._last_status = comparable(status)
+                self._status_retry = False
+            else:
+                self._last_status = {}
+                self._status_retry = True
         return status
 
     # ---- endings

@@ -293,16 +293,22 @@ class Runner:
         out = self.api.post(f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token", body)
         return out["status"]["token"], parse_rfc3339(out["status"]["expirationTimestamp"])
 
-    def patch_status(self, pod: dict, status: dict) -> None:
+    def patch_status(self, pod: dict, status: dict) -> bool:
+        """Write the pod's status; False when it did not reach the API server and is worth
+        trying again (a pod that is gone or was replaced is not)."""
         meta = pod["metadata"]
         try:
             self.api.patch(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
                            {"metadata": {"uid": meta["uid"]}, "status": status}, kind="strategic")
         except ApiError as exc:
-            if exc.status not in (404, 409, 422):
-                warn("status update failed", pod=f"{meta['namespace']}/{meta['name']}", error=str(exc)[:300])
+            if exc.status in (404, 409, 422):
+                return True
+            warn("status update failed", pod=f"{meta['namespace']}/{meta['name']}", error=str(exc)[:300])
+            return False
         except OSError as exc:
             warn("status update failed", pod=f"{meta['namespace']}/{meta['name']}", error=str(exc)[:300])
+            return False
+        return True
 
     def delete_pod(self, pod: dict) -> None:
         meta = pod["metadata"]

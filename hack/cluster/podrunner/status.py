@@ -167,3 +167,11 @@ def comparable(status: dict) -> dict:
     out["conditions"] = [{k: v for k, v in c.items() if k not in ("lastTransitionTime", "lastProbeTime")}
                          for c in status.get("conditions", [])]
     return out
+
+
+def owned(status: dict, ours: dict) -> tuple:
+    """The phase and the status of each condition type ``ours`` sets, as ``status`` has
+    them: what others may overwrite and the kubelet must put back."""
+    types = sorted(c["type"] for c in ours.get("conditions", []))
+    held = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    return status.get("phase"), tuple((t, held.get(t)) for t in types)

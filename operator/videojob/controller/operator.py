@@ -70,11 +70,12 @@ class Controller:
 
             self.embedded = start_embedded_ray(num_cpus=settings.embedded_ray_cpus)
             return HttpRayClient(self.embedded.dashboard_url, token=self.embedded.token,
-                                 timeout_s=settings.ray_http_timeout_s)
+                                 timeout_s=settings.ray_http_timeout_s, retries=settings.ray_http_retries)
         if not settings.ray_dashboard_url:
             raise ValueError("VIDEOJOB_RAY_MODE=address needs VIDEOJOB_RAY_DASHBOARD_URL (e.g. http://head:8265)")
         token = Path(settings.ray_token_file).read_text().strip() if settings.ray_token_file else None
-        return HttpRayClient(settings.ray_dashboard_url, token=token, timeout_s=settings.ray_http_timeout_s)
+        return HttpRayClient(settings.ray_dashboard_url, token=token, timeout_s=settings.ray_http_timeout_s,
+                             retries=settings.ray_http_retries)
 
     def start(self) -> None:
         ray = self._ray or self._ray_client()
