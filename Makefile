@@ -16,13 +16,14 @@ include hack/cluster.mk
 # Lazily expanded: the bin dir exists once cluster-tools has run.
 KUBECTL = $(shell bash hack/cluster/build-tools.sh --print 2>/dev/null)/kubectl --kubeconfig $(CURDIR)/.cluster/kubeconfig
 
-.PHONY: help venv test test-slow coverage-audit unit crds demo demo-cluster bench chaos calibrate gpu-check gpu-check-dry-run clean \
+.PHONY: help venv test test-serial test-slow coverage-audit unit crds demo demo-cluster bench chaos calibrate gpu-check gpu-check-dry-run clean \
 	helm-tool values-table kind-e2e docs cluster-e2e env
 
 help:
 	@echo "make demo    run the main job on the embedded default"
 	@echo 'eval "$$(make -s env)"   put videojob, kubectl and helm on PATH; KUBECONFIG: the loopback cluster'
 	@echo "make test    install what is needed and run the tests (real kube-apiserver included)"
+	@echo "make test-serial  the same tests in one pytest process (slower; one log)"
 	@echo "make test-slow  the longer versions of some tests (more jobs, more layouts; in make bench)"
 	@echo "make unit    tests that need no cluster"
 	@echo "make coverage-audit  both tiers under coverage: what only slow tests reach -> tests/coverage-audit.json (hours)"
@@ -63,8 +64,14 @@ define run_pytest
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 endef
 
-# (export: a bare VAR=1 before run_pytest's `set +e` would not reach pytest)
+# Two pytest processes at once, the modules that use a loopback control plane and the rest
+# (hack/test_streams.sh, tests/streams.py); their logs are printed when both have ended.
+# (export: a bare VAR=1 before a recipe's `set +e` would not reach pytest)
 test: venv cluster-tools helm-tool
+	export VIDEOJOB_REQUIRE_CLUSTER=1; bash hack/test_streams.sh $(PY) $(PYTEST_ARGS)
+
+# The same tests in one pytest process, in one log (slower: see hack/test_streams.sh).
+test-serial: venv cluster-tools helm-tool
 	export VIDEOJOB_REQUIRE_CLUSTER=1; $(call run_pytest,tests -m "not slow")
 
 # The longer versions of some tests (pytest -m slow; `make bench` runs them too).

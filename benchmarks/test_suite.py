@@ -74,6 +74,8 @@ def summarize(timings: dict, top: int = 30) -> dict:
         "cpuBusyFraction": timings.get("cpuBusyFraction"),
         "cpuCount": timings.get("cpuCount"),
         "pytestArgs": timings.get("args"),
+        # `make test` runs two pytest processes at once (hack/test_streams.sh): each one's seconds
+        "streams": timings.get("streams"),
         "tests": len(tests),
         "outcomes": dict(Counter(t["outcome"] for t in tests.values())),
         "testSecondsSum": round(sum(seconds.values()), 1),
@@ -92,17 +94,50 @@ def summarize(timings: dict, top: int = 30) -> dict:
     }
 
 
+STREAM_TIMINGS = [REPO / "out" / f"test-timings-{name}.json" for name in ("cluster", "local")]
+
+
+def default_timings() -> list[Path]:
+    """`make test`'s two streams' files when both are there, else one process's file."""
+    if all(p.is_file() for p in STREAM_TIMINGS):
+        return STREAM_TIMINGS
+    return [REPO / "out" / "test-timings.json"]
+
+
+def merge(documents: list[dict], names: list[str]) -> dict:
+    """One timings document from the streams that ran side by side: their tests together;
+    pytestSeconds the longer stream's (the wall time); the machine's busy fraction from the
+    longer stream (it spans the other); each stream's own seconds and test count kept."""
+    if len(documents) == 1:
+        return documents[0]
+    longest = max(documents, key=lambda d: d["pytestSeconds"])
+    return {"pytestSeconds": longest["pytestSeconds"],
+            "exitStatus": max(int(d["exitStatus"]) for d in documents),
+            "cpuBusyFraction": longest.get("cpuBusyFraction"), "cpuCount": longest.get("cpuCount"),
+            "args": longest.get("args"),
+            "tests": {k: v for d in documents for k, v in d["tests"].items()},
+            "fixtures": [f for d in documents for f in d["fixtures"]],
+            "starts": [s for d in documents for s in d.get("starts", [])],
+            "streams": [{"stream": name, "pytestSeconds": d["pytestSeconds"], "tests": len(d["tests"]),
+                         "exitStatus": d["exitStatus"]} for name, d in zip(names, documents)]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--timings", type=Path, default=REPO / "out" / "test-timings.json")
+    ap.add_argument("--timings", type=Path, nargs="+", default=None,
+                    help="the timings files (default: the two streams' of `make test`, "
+                         "out/test-timings-{cluster,local}.json, else out/test-timings.json)")
     ap.add_argument("--make-test-seconds", type=float, required=True,
                     help="`make test`'s wall seconds, venv and Go tools included (.ci/run measures it)")
     ap.add_argument("--out", type=Path, default=None, help="default benchmarks/results/test_suite.json")
     args = ap.parse_args()
-    if not args.timings.is_file():
-        print(f"test_suite: no timings at {args.timings} (tests/suite_timings.py writes them)", file=sys.stderr)
+    paths = args.timings or default_timings()
+    missing = [str(p) for p in paths if not p.is_file()]
+    if not paths or missing:
+        print(f"test_suite: no timings at {', '.join(missing) or 'out/'} (tests/suite_timings.py writes them)",
+              file=sys.stderr)
         return 1
-    timings = json.loads(args.timings.read_text())
+    timings = merge([json.loads(p.read_text()) for p in paths], [p.stem.removeprefix("test-timings-") for p in paths])
     builds = go_build_seconds()
     result = {"makeTestSeconds": round(args.make_test_seconds, 1), **summarize(timings),
               "goBuildSeconds": sum(v for v in builds.values() if v) if any(builds.values()) else None,

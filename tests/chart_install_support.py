@@ -97,7 +97,7 @@ def volumes(full_cluster):
 
 def wait_established(cluster, crd: str) -> None:
     def established():
-        conditions = cluster.get_json("crd", crd).get("status", {}).get("conditions", [])
+        conditions = (cluster.get_json("crd", crd).get("status") or {}).get("conditions") or []
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
     wait_for(f"the CRD {crd} to be Established", established, timeout=60, interval=0.5)

@@ -47,7 +47,7 @@ from pathlib import Path
 import pytest
 
 # The suite's timings, the shared Ray head, services stopped after their last user (tests/suite_timings.py, shared_ray.py, resource_order.py).
-pytest_plugins = ["suite_timings", "shared_ray", "resource_order"]
+pytest_plugins = ["suite_timings", "shared_ray", "resource_order", "streams"]
 
 REPO = Path(__file__).resolve().parents[1]
 LOCALCLUSTER = REPO / "hack" / "cluster" / "localcluster.py"
@@ -117,6 +117,17 @@ REST_KINDS = {
     **{k: ("/apis/kueue.x-k8s.io/v1beta2", "workloads", True) for k in ("workloads.kueue.x-k8s.io",)},
     **{k: ("/apis/kueue.x-k8s.io/v1beta2", "clusterqueues", False) for k in ("clusterqueues.kueue.x-k8s.io",)},
 }
+
+
+def _without_nulls(value):
+    """``value`` with every null-valued key dropped (a new CRD's status says "conditions":
+    null until the API server has looked at it; a caller's ``.get("conditions", [])`` then
+    got None)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 def rest_path(args: tuple[str, ...]) -> str | None:
@@ -241,6 +252,7 @@ class KubeCluster:
         obj = self.api.get(path)
         if obj is None:
             raise LookupError(f"kubectl get {' '.join(args)}: not found ({path})")
+        obj = _without_nulls(obj)   # as callers read kubectl's output: `.get(key, default)` on a null
         if "items" in obj:   # as kubectl shows a list: each item says its kind
             kind = obj.get("kind", "")[:-len("List")]
             for item in obj["items"]:
