@@ -16,17 +16,18 @@ include hack/cluster.mk
 # Lazily expanded: the bin dir exists once cluster-tools has run.
 KUBECTL = $(shell bash hack/cluster/build-tools.sh --print 2>/dev/null)/kubectl --kubeconfig $(CURDIR)/.cluster/kubeconfig
 
-.PHONY: help venv test test-serial test-slow coverage-audit unit crds demo demo-cluster bench chaos calibrate gpu-check gpu-check-dry-run clean \
+.PHONY: help setup venv test test-serial test-slow coverage-audit unit crds demo demo-cluster bench chaos calibrate gpu-check gpu-check-dry-run clean \
 	helm-tool values-table kind-e2e docs cluster-e2e env
 
 help:
 	@echo "make demo    run the main job on the embedded default"
 	@echo 'eval "$$(make -s env)"   put videojob, kubectl and helm on PATH; KUBECONFIG: the loopback cluster'
 	@echo "make test    install what is needed and run the tests (real kube-apiserver included)"
+	@echo "make setup   the venv and the Go tools the tests need, side by side (cached)"
 	@echo "make test-serial  the same tests in one pytest process (slower; one log)"
 	@echo "make test-slow  the longer versions of some tests (more jobs, more layouts; in make bench)"
 	@echo "make unit    tests that need no cluster"
-	@echo "make coverage-audit  both tiers under coverage: what only slow tests reach -> tests/coverage-audit.json (hours)"
+	@echo "make coverage-audit  both tiers under coverage: what only slow tests reach -> tests/coverage-audit.json (about an hour)"
 	@echo "make crds    regenerate the CRD from the API models and sync the chart copy"
 	@echo "make bench   benchmarks, results in benchmarks/results/"
 	@echo "make chaos   the long chaos soak (100 jobs, ~20 min, faults): benchmarks/results/chaos.json"
@@ -58,6 +59,12 @@ env: venv
 	  echo "export PATH=\"$(CURDIR)/$(VENV)/bin$${k:+:$$k}$${h:+:$$h}:\$$PATH\""; \
 	  echo "export KUBECONFIG=\"$(CURDIR)/.cluster/kubeconfig\""
 
+# What the test targets need, side by side: the venv (pip, mostly waiting on downloads) and the
+# Go tools (CPU) at once, and helm beside the cluster tools, whose link steps leave a core idle.
+# Each is cached: a second run only checks.
+setup:
+	$(MAKE) --no-print-directory -j3 --output-sync=line venv cluster-tools helm-tool
+
 # pytest exits 5 when it collected nothing: that is a failure here, never a pass.
 define run_pytest
 	set +e; $(PY) -m pytest $(1) $(PYTEST_ARGS); rc=$$?; \
@@ -67,23 +74,23 @@ endef
 # Two pytest processes at once, the modules that use a loopback control plane and the rest
 # (hack/test_streams.sh, tests/streams.py); their logs are printed when both have ended.
 # (export: a bare VAR=1 before a recipe's `set +e` would not reach pytest)
-test: venv cluster-tools helm-tool
+test: setup
 	export VIDEOJOB_REQUIRE_CLUSTER=1; bash hack/test_streams.sh $(PY) $(PYTEST_ARGS)
 
 # The same tests in one pytest process, in one log (slower: see hack/test_streams.sh).
-test-serial: venv cluster-tools helm-tool
+test-serial: setup
 	export VIDEOJOB_REQUIRE_CLUSTER=1; $(call run_pytest,tests -m "not slow")
 
 # The longer versions of some tests (pytest -m slow; `make bench` runs them too).
-test-slow: venv cluster-tools helm-tool
+test-slow: setup
 	export VIDEOJOB_REQUIRE_CLUSTER=1 VIDEOJOB_HYGIENE_JOBS=200; $(call run_pytest,tests -m slow)
 
 # Issue 35's two tiers, chosen by coverage: `make test`'s tests, then each module's slow tests,
 # under line and branch coverage of operator/ and runtime/ (the operator, driver and rank
 # processes too) -> tests/coverage-audit.json: each slow test's lines and branches that
-# `make test` does not reach (hack/coverage_audit.py; hours on 2 cores, an estimate).
+# `make test` does not reach (hack/coverage_audit.py; 64 min on this 2-core machine, measured 2026-12-07).
 # COVERAGE_AUDIT_ARGS: e.g. --select tests/test_x.py for a quick run (its file goes to /tmp).
-coverage-audit: venv cluster-tools helm-tool
+coverage-audit: setup
 	export VIDEOJOB_REQUIRE_CLUSTER=1; $(PY) hack/coverage_audit.py $(COVERAGE_AUDIT_ARGS)
 
 unit: venv
@@ -102,7 +109,7 @@ values-table: venv
 # Layer 5b: the chart for real, no Docker: helm install in kuberay mode on the
 # loopback cluster whose pods the pod runner runs as processes (hack/cluster/podrunner),
 # KubeRay and Ray's autoscaler raising workers, VideoJobs to mp4s. Also part of `make test`.
-cluster-e2e: venv cluster-tools helm-tool
+cluster-e2e: setup
 	export VIDEOJOB_REQUIRE_CLUSTER=1 OMP_NUM_THREADS=1; $(call run_pytest,tests/test_cluster_e2e.py)
 
 # Layer 6: both images, a kind cluster, helm install (embedded mode), the tiny
@@ -160,7 +167,7 @@ demo-cluster: venv cluster-up
 # stepcache_bench.py: step caches at the medium size (full-size widths, fewer layers;
 # configs.MEDIUM_SIZES), speed/quality/memory per family, policy and threshold, and SP2
 # (~12 min on 2 cores) -> stepcache.json and stepcache.png.
-bench: venv cluster-tools helm-tool
+bench: setup
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/planner_bench.py
 	VIDEOJOB_BENCH_TARGET="make bench" $(PY) benchmarks/scheduling_sim.py
 	VIDEOJOB_BENCH_TARGET="make bench" OMP_NUM_THREADS=1 $(PY) benchmarks/runtime_bench.py

@@ -625,9 +625,11 @@ def auto_choice(case: Case, rows: list[dict], other_seed_psnr_db: float | None) 
 
 # -- sequence parallel ---------------------------------------------------------------
 
-def _sp_rank(rank: int, world: int, port: int, case: Case, configs: list, repeats: int, queue) -> None:
+def _sp_rank(rank: int, world: int, ports, case: Case, configs: list, repeats: int, queue) -> None:
     """One rank: the worker's setup (collectives counter, CPU patches, gloo,
-    xfuser's groups, build_parallel_pipeline), then the configs round-robin."""
+    xfuser's groups, build_parallel_pipeline), then the configs round-robin. Rank 0
+    listens on a port the kernel picks (the runtime's ``master_store``) and hands
+    it to the others through ``ports``."""
     try:
         import torch
 
@@ -639,7 +641,13 @@ def _sp_rank(rank: int, world: int, port: int, case: Case, configs: list, repeat
         from videojob_runtime.xfuser_cpu import apply_cpu_patches
 
         apply_cpu_patches()
-        distributed.init_process_group(rank, world, "127.0.0.1", port, "cpu", 600.0)
+        if rank == 0:
+            store = distributed.master_store("127.0.0.1", world, 600.0)
+            for _ in range(world - 1):
+                ports.put(store.port)
+            distributed.init_process_group(rank, world, "127.0.0.1", store.port, "cpu", 600.0, store=store)
+        else:
+            distributed.init_process_group(rank, world, "127.0.0.1", ports.get(timeout=600), "cpu", 600.0)
         pipe = build_parallel_pipeline(case.model_id, case.task, "float32", None, SEED, ulysses=world, ring=1, cfg=1,
                                        on_cpu=True, width=case.width, height=case.height, frames=case.frames,
                                        steps=case.steps, size=case.size)
@@ -669,8 +677,6 @@ def _sp_rank(rank: int, world: int, port: int, case: Case, configs: list, repeat
 
 
 def bench_sp(case: Case, family_result: dict, repeats: int, world: int = 2, timeout_s: float = 900.0) -> dict:
-    from videojob_runtime.distributed import free_port
-
     rows = family_result["rows"]
     configs = [("off", None)]
     chosen = {}
@@ -686,8 +692,8 @@ def bench_sp(case: Case, family_result: dict, repeats: int, world: int = 2, time
         configs.append((policy, pick["threshold"]))
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port("127.0.0.1")
-    procs = [ctx.Process(target=_sp_rank, args=(r, world, port, case, configs, repeats, queue), daemon=True)
+    ports = ctx.Queue()
+    procs = [ctx.Process(target=_sp_rank, args=(r, world, ports, case, configs, repeats, queue), daemon=True)
              for r in range(world)]
     log(f"{case.model_id}: sequence parallel {world} (ulysses, gloo), configs {configs}")
     for p in procs:

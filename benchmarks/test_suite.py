@@ -4,9 +4,11 @@ that tests/suite_timings.py wrote during the run (out/test-timings.json).
     python benchmarks/test_suite.py --make-test-seconds 1800 [--timings out/test-timings.json]
 
 .ci/run calls it after `make test` with the seconds it measured. The file holds
-makeTestSeconds, pytestSeconds, the test count by outcome, goBuildSeconds (the
+makeTestSeconds, setupSeconds (`make setup` before it: the cold builds side by
+side, or a check of the caches), ciSeconds, which caches were there at the start
+(noCaches: none), pytestSeconds, the test count by outcome, goBuildSeconds (the
 cold Go builds of the cached tools, as each build recorded them: measured once
-per machine), seconds by module, the 30 longest tests and the 30 longest
+per machine; builds side by side share the cores, so their sum exceeds the wall), seconds by module, the 30 longest tests and the 30 longest
 long-lived fixture set-ups, and the service start-ups (Ray heads, ...).
 """
 from __future__ import annotations
@@ -129,6 +131,11 @@ def main() -> int:
                          "out/test-timings-{cluster,local}.json, else out/test-timings.json)")
     ap.add_argument("--make-test-seconds", type=float, required=True,
                     help="`make test`'s wall seconds, venv and Go tools included (.ci/run measures it)")
+    ap.add_argument("--setup-seconds", type=float, help="`make setup`'s wall seconds before `make test` "
+                    "(the cold venv and Go builds, or a check of the caches)")
+    ap.add_argument("--ci-seconds", type=float, help=".ci/run's wall seconds up to the end of `make test`")
+    ap.add_argument("--caches", nargs="*", default=[], metavar="NAME=present|empty",
+                    help="which caches .ci/run found at its start (videojobTools, goBuild, goModules, pip)")
     ap.add_argument("--out", type=Path, default=None, help="default benchmarks/results/test_suite.json")
     args = ap.parse_args()
     paths = args.timings or default_timings()
@@ -139,7 +146,13 @@ def main() -> int:
         return 1
     timings = merge([json.loads(p.read_text()) for p in paths], [p.stem.removeprefix("test-timings-") for p in paths])
     builds = go_build_seconds()
-    result = {"makeTestSeconds": round(args.make_test_seconds, 1), **summarize(timings),
+    caches = dict(c.split("=", 1) for c in args.caches if "=" in c)
+    result = {"makeTestSeconds": round(args.make_test_seconds, 1),
+              "setupSeconds": None if args.setup_seconds is None else round(args.setup_seconds, 1),
+              "ciSeconds": None if args.ci_seconds is None else round(args.ci_seconds, 1),
+              "cachesAtStart": caches or None,
+              "noCaches": bool(caches) and all(v == "empty" for v in caches.values()),
+              **summarize(timings),
               "goBuildSeconds": sum(v for v in builds.values() if v) if any(builds.values()) else None,
               "goBuildSecondsByTool": builds}
     path = write_result("test_suite.json", result, args.out)

@@ -130,6 +130,19 @@ class InProcess:
                                  f"{json.dumps([p for _, n, p, _ in self.patches if n == name][-5:])[-3000:]}")
         return videojob(self.cluster, self.namespace, name)
 
+    def delete(self, name: str, timeout: float = 60) -> None:
+        """Delete the VideoJob as kopf's finalizer does (there is no finalizer on it here):
+        the controller's deletion (stop the driver, its group gone, the books released),
+        the lifecycle's thread stopped, then the object."""
+        obj = videojob(self.cluster, self.namespace, name)
+        self.controller.delete(self.namespace, name, obj["metadata"]["uid"], dict(obj.get("status") or {}))
+        thread, stopped = self.threads[name]
+        stopped.set()
+        thread.join(timeout)
+        if thread.is_alive():
+            raise AssertionError(f"{name}'s lifecycle did not stop within {timeout:.0f}s of its deletion")
+        self.cluster.kubectl("delete", "vj", name, "-n", self.namespace, "--wait=false")
+
     def patches_of(self, name: str) -> list[tuple[float, dict[str, Any], dict[str, Any]]]:
         return [(t, p, books) for t, n, p, books in self.patches if n == name]
 

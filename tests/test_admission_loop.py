@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 
@@ -355,3 +356,39 @@ def test_a_stopped_job_leaves_the_gates_line_at_once_and_no_slot_is_lost():
         assert gate.free == 1 and gate.waiting() == (0, 0, 0)
 
     asyncio.run(scenario())
+
+
+def test_the_books_preempt_for_a_higher_priority_and_let_idle_groups_expire(caplog):
+    """The real Admissions on a clock the test moves: a higher-priority job that cannot be
+    placed marks the running lower-priority one for preemption (and says so in the books'
+    log); the victim's kept group is evicted for it; an idle group past the TTL expires
+    and the books let its GPUs go. (The operator's own run of this story, with Ray and
+    the sweeper, is tests/test_operator_books.py's and test_operator_preemption.py's, in
+    `make test-slow`; tests/coverage-audit.json shows what only they reach.)"""
+    caplog.set_level(logging.INFO, logger="videojob.admission")
+    now = [1000.0]
+    books = Admissions(INVENTORY, idle_ttl_s=30.0, clock=lambda: now[0])
+    low = Ask("ns/low", "cpu4", 4, priority=0, seq=0, est_seconds=3600.0, pool_key="m-low")
+    assert books.request(low)[0].gpus == 4
+    high = Ask("ns/high", "cpu4", 4, priority=10, seq=1, est_seconds=60.0, pool_key="m-high")
+    admission, position, _ = books.request(high)
+    assert admission is None and position == 1
+    assert books.preempt_requested("ns/low") and books.preempted_by("ns/low") == "ns/high"
+    assert not books.preempt_requested("ns/high")
+    assert "admission: preempting ns/low class=cpu4 for=ns/high pod=0 gpus=4" in caplog.text
+    now[0] += 5.0
+    books.request(high)  # a second pass preempts nothing more: the victim is already stopping
+    assert caplog.text.count("admission: preempting") == 1
+
+    books.finish("ns/low", keep_group="g-low", model="m-low")  # the victim stopped, its group kept
+    admission = books.request(high)[0]
+    assert admission is not None and admission.evict == ("g-low",), admission
+    assert books.forget_group("g-low") is False, "an evicted group is no longer idle in the books"
+    books.finish("ns/high", keep_group="g-high", model="m-high")
+    assert set(books.idle_groups()) == {"g-high"}
+    now[0] += 29.0
+    assert books.expired() == []
+    now[0] += 2.0
+    assert books.expired() == ["g-high"]
+    assert books.idle_groups() == {} and books.groups_in_use() == set()
+    assert "admission: expired g-high class=cpu4  allocated=0/4 idle=0" in caplog.text

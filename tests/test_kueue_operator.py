@@ -296,5 +296,74 @@ def test_admitted_on_another_class_flavor_the_job_is_replanned_for_it(setup, crd
         planned = {c["type"]: c for c in status["conditions"]}["Planned"]
         assert f"flavor {other}" in planned["message"] and f"not the planned {cheap}" in planned["message"], planned
         _books_match(op, crd, {namespace: ["spilled"]})
+        # Its deletion, as kopf's finalizer calls it when the object is already gone from the
+        # API server (there is no finalizer on it here): the status cannot be re-read, so the
+        # event's copy is used; its Workloads go with it; a late status write finds it gone.
+        from videojob.controller.kube import Gone
+
+        obj = videojob(crd, namespace, "spilled")
+        assert _workloads(crd, namespace), "the finished job's Workload is still there before its deletion"
+        crd.kubectl("delete", "vj", "spilled", "-n", namespace, "--wait=false")
+        wait_for("the VideoJob to be gone", lambda: crd.api.get(
+            f"/apis/videojob.io/v1alpha1/namespaces/{namespace}/videojobs/spilled") is None, timeout=30)
+        op.controller.delete(namespace, "spilled", obj["metadata"]["uid"], obj["status"])
+        assert not _workloads(crd, namespace), "the job's Workloads were deleted with it"
+        with pytest.raises(Gone):
+            op.controller.ctx.jobs.patch_status(namespace, "spilled", {"phase": "Running"})
     finally:
         op.stop()
+
+
+def test_the_workload_calls_and_the_watch_meet_what_a_restart_and_a_deletion_leave(setup, crd, namespace, caplog):
+    """KueueApi and its Workload watch against the real API server and Kueue's CRDs, in the
+    states an operator restart and a job's deletion leave (the slow story above runs them
+    through the operator): a restarted operator's create finds the Workload already there;
+    a new watch lists what exists; a deletion reaches the watch; a name the watch has not
+    seen is asked of the API server (None once gone); a watch whose API server is away
+    says so and lists again."""
+    import logging
+    import uuid
+
+    from kubernetes import client as k8s
+    from kubernetes import config as k8s_config
+
+    from videojob.inventory import parse_inventory
+    from videojob.kueue import KueueApi, WorkloadCache, workload_for
+
+    inventory = parse_inventory({"device": "cpu", "classes": [{"name": "cpu2", "gpusPerPod": 2, "maxPods": 1,
+                                                               "gpuMemory": "8Gi", "hostMemory": "16Gi"}]})
+    body = workload_for(namespace=namespace, name="story", uid=str(uuid.uuid4()), attempt=1,
+                        plan={"gpuClass": "cpu2", "gpus": 1}, queue="no-such-queue", priority=0,
+                        inventory=inventory, cpus_per_rank=None)
+    body["metadata"].pop("ownerReferences")  # no VideoJob owns it here: the garbage collector would take it
+    body["spec"].pop("priorityClassRef", None)
+    name = body["metadata"]["name"]
+    api = k8s_config.new_client_from_config(config_file=str(crd.kubeconfig))
+    before = KueueApi(api, [namespace], watch=False)
+    made = before.create(body)
+    again = before.create(body)  # a restarted operator makes the Workload its attempt already has
+    assert again["metadata"]["uid"] == made["metadata"]["uid"]
+
+    after = KueueApi(api, [namespace])  # the restarted operator's watch lists what exists
+    try:
+        wait_for("the new watch to list the namespace", lambda: after.cache.synced(namespace), timeout=30)
+        assert after.cache.get(namespace, name)[0], "the listed Workload is known to the watch"
+        assert after.get(namespace, name)["metadata"]["uid"] == made["metadata"]["uid"]
+        assert after.get(namespace, "never-made") is None, "not seen by the watch: asked, and not found"
+        after.delete(namespace, name)
+        wait_for("the watch to see the deletion", lambda: not after.cache.get(namespace, name)[0], timeout=30)
+        assert after.get(namespace, name) is None
+        after.delete(namespace, name)  # gone already: nothing to do
+    finally:
+        after.cache.stop()
+
+    caplog.set_level(logging.WARNING, logger="videojob.kueue")
+    away = k8s.Configuration()
+    away.host = "https://127.0.0.1:9"  # nothing listens
+    cache = WorkloadCache(k8s.CustomObjectsApi(k8s.ApiClient(away)), [namespace]).start()
+    try:
+        wait_for("the watch to say its API server is away", lambda: "the watch of Workloads in" in caplog.text,
+                 timeout=30)
+        assert not cache.synced(namespace)
+    finally:
+        cache.stop()

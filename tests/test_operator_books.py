@@ -164,8 +164,47 @@ def test_restart_with_queued_jobs_and_warm_groups_admits_the_priority_first(oper
         "the adopted idle group was not reused"
 
 
-# Slow (CI time): `make test` covers spilling with tests/test_scheduler.py's spill tests and the
-# books with the restart test above.
+def test_a_job_spills_from_a_busy_class_and_its_warm_group_expires(operators, crd, namespace, ray_client,  # noqa: F811
+                                                                   caplog, tmp_path):
+    """The story below in `make test`'s time: `first` holds class a (planned long, and
+    stalled after its first step, 60 s at most); `second` spills to b, where it ends
+    sooner, and keeps its group; `first` is deleted instead of run to its end; the
+    sweeper tears `second`'s warm group down once idle past the TTL (4 s), and the books
+    let go."""
+    classes = [{"name": "a", "gpusPerPod": 1, "maxPods": 1, "gpuType": "generic", "cost": 1.0},
+               {"name": "b", "gpusPerPod": 1, "maxPods": 1, "gpuType": "h100", "cost": 5.0}]
+    caplog.set_level(logging.INFO, logger="videojob.admission")
+    op = operators(classes, warm_group_ttl_s=4, sweep_interval_s=1).start()
+    op.create(with_fault(one_rank("first", steps=30, video=SLOW_VIDEO), [1], stage="denoise", kind="stall",
+                         step=1, seconds=60))
+    wait_for("`first` to run on a", lambda: (videojob(crd, namespace, "first").get("status") or {})
+             .get("phase") == "Running", timeout=300)
+    op.create(one_rank("second", steps=2))
+    second = op.wait("second", timeout=300)["status"]
+    assert second["phase"] == "Succeeded", second.get("message")
+    assert second["plan"]["gpuClass"] == "b" and second["attempts"][0]["plan"]["gpuClass"] == "b"
+    planned = next(c for c in second["conditions"] if c["type"] == "Planned")
+    assert "spilled from a" in planned["message"], planned
+    group = second["actorGroup"]["name"]
+    assert second["actorGroup"]["kept"], second["actorGroup"]
+    creator = second["attempts"][0]["submissionId"]
+    op.delete("first")
+    wait_for(f"the warm group {group} to expire and be torn down", lambda: group not in _groups(ray_client),
+             timeout=120)
+    # The driver that made the group was kept in Ray's job table while its group lived; the
+    # sweep after the group went deletes its record.
+    wait_for(f"the sweeper to delete {creator}, whose group is gone", lambda: ray_client.job(creator) is None,
+             timeout=60)
+    wait_for("the books to let go of both classes", lambda: all(
+        c["allocated"] == 0 and c["idle"] == 0 for c in op.controller.admissions.snapshot()["classes"].values()),
+        timeout=30)
+    assert re.search(r'videojob_warm_group_evictions_total\{why="ttl"\} [1-9]', op.metrics()), op.metrics()
+    books_log = "\n".join(r.getMessage() for r in caplog.records if r.name == "videojob.admission")
+    assert f"released {namespace}/second class=b kept={group}" in books_log, books_log[-2000:]
+    assert re.search(rf"expired {group} class=b .*allocated=0/1 idle=0", books_log), books_log[-2000:]
+
+
+# Slow (CI time): `make test` runs the story above, faster (`first` deleted, not run to its end).
 @pytest.mark.slow
 def test_a_busy_class_spills_and_warm_groups_expire(operators, crd, namespace, ray_client, caplog,  # noqa: F811
                                                    tmp_path):

@@ -134,8 +134,41 @@ def test_jobs_never_exceed_capacity_and_priority_goes_first(crd, namespace, ray_
         _cleanup(crd, namespace, ray_client, names + ["urgent"])
 
 
-# Slow (CI time): `make test` covers reuse with test_driver's kept group and test_operator_races'
-# restart on a reused warm group.
+def test_a_job_that_needs_an_idle_groups_ranks_evicts_it(crd, namespace, ray_head, ray_client, roots,  # noqa: F811
+                                                        tmp_path):
+    """`make test`'s part of the story below: a finished one-rank job keeps its group; a
+    two-rank job on the two-rank pod needs those ranks, so the operator tears the idle
+    group down before it runs."""
+    env = _env(ray_head, tmp_path, [{"name": "cpu2", "gpusPerPod": 2, "maxPods": 1}])
+    with OperatorProcess(crd, namespace, roots["work"], env) as operator:
+        group = _run_and_keep_the_group(crd, namespace, ray_client, "first")
+        _run_big_evicting(crd, namespace, ray_client, operator, group)
+        _cleanup(crd, namespace, ray_client, ["first", "big"])
+
+
+def _run_and_keep_the_group(crd, namespace, ray_client, name: str) -> str:  # noqa: F811
+    """A one-rank job that succeeds and keeps its group (its name)."""
+    first = wait_phase(crd, namespace, create(crd, namespace, _one_rank(name))["metadata"]["name"],
+                       {"Succeeded", "Failed"})
+    assert first["status"]["phase"] == "Succeeded", first["status"].get("message")
+    group = first["status"]["actorGroup"]["name"]
+    assert first["status"]["actorGroup"]["kept"] and group in _groups(ray_client)
+    return group
+
+
+def _run_big_evicting(crd, namespace, ray_client, operator, group: str) -> None:  # noqa: F811
+    """`big` (two ranks) runs on the two-rank pod after the idle ``group`` is torn down for it."""
+    create(crd, namespace, tiny_job("big"))
+    obj = wait_phase(crd, namespace, "big", {"Succeeded", "Failed"})
+    assert obj["status"]["phase"] == "Succeeded", obj["status"].get("message")
+    assert obj["status"]["plan"]["gpus"] == 2
+    assert group not in _groups(ray_client), "the evicted group is gone"
+    assert re.search(rf"admitted {namespace}/big .*evict={re.escape(group)}", operator.log())
+    assert 'videojob_warm_group_evictions_total{why="needed"} 1.0' in operator.metrics()
+
+
+# Slow (CI time): `make test` runs its eviction above; the reuse is test_driver's kept group and
+# test_operator_races' restart on a reused warm group.
 @pytest.mark.slow
 def test_warm_reuse_and_eviction(crd, namespace, ray_head, ray_client, roots, tmp_path):  # noqa: F811
     """The second job with the same model, layout and class runs on the first's
@@ -144,11 +177,7 @@ def test_warm_reuse_and_eviction(crd, namespace, ray_head, ray_client, roots, tm
 
     env = _env(ray_head, tmp_path, [{"name": "cpu2", "gpusPerPod": 2, "maxPods": 1}])
     with OperatorProcess(crd, namespace, roots["work"], env) as operator:
-        first = wait_phase(crd, namespace, create(crd, namespace, _one_rank("first"))["metadata"]["name"],
-                           {"Succeeded", "Failed"})
-        assert first["status"]["phase"] == "Succeeded", first["status"].get("message")
-        group = first["status"]["actorGroup"]["name"]
-        assert first["status"]["actorGroup"]["kept"] and group in _groups(ray_client)
+        group = _run_and_keep_the_group(crd, namespace, ray_client, "first")
         create(crd, namespace, _one_rank("second"))
         second = wait_phase(crd, namespace, "second", {"Succeeded", "Failed"})
         assert second["status"]["phase"] == "Succeeded", second["status"].get("message")
@@ -159,14 +188,7 @@ def test_warm_reuse_and_eviction(crd, namespace, ray_head, ray_client, roots, tm
         # `loads` counts over the group's life: still the first job's one load.
         assert result["reused"] is True and result["loads"] == 1, "the warm pipeline was reused: no weights loaded"
         # Two ranks on the 2-rank pod: the idle 1-rank group must go.
-        big = tiny_job("big")
-        create(crd, namespace, big)
-        obj = wait_phase(crd, namespace, "big", {"Succeeded", "Failed"})
-        assert obj["status"]["phase"] == "Succeeded", obj["status"].get("message")
-        assert obj["status"]["plan"]["gpus"] == 2
-        assert group not in _groups(ray_client), "the evicted group is gone"
-        assert re.search(rf"admitted {namespace}/big .*evict={re.escape(group)}", operator.log())
-        assert 'videojob_warm_group_evictions_total{why="needed"} 1.0' in operator.metrics()
+        _run_big_evicting(crd, namespace, ray_client, operator, group)
         assert re.search(r'videojob_warm_groups\{model="tiny-cogvideox"\} 1\.0', operator.metrics())
         _cleanup(crd, namespace, ray_client, ["first", "second", "big"])
 

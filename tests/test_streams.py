@@ -45,3 +45,23 @@ def test_the_streams_timings_merge_into_one_run(tmp_path):
     assert summary["pytestSeconds"] == 100.0 and summary["tests"] == 3 and summary["cpuBusyFraction"] == 0.9
     assert [s["tests"] for s in summary["streams"]] == [1, 2]
     assert summary["moduleBusyCores"] == {"tests/b.py": 1.5, "tests/a.py": 1.5}
+
+
+def test_the_suite_file_says_which_caches_the_run_had(tmp_path):
+    """.ci/run passes what `make setup` cost and which caches it found; the no-cache budget
+    (40 min) is judged from noCaches and ciSeconds."""
+    timings = tmp_path / "t.json"
+    timings.write_text(json.dumps({"pytestSeconds": 5.0, "exitStatus": 0, "tests": {}, "fixtures": [], "starts": []}))
+    out = tmp_path / "suite.json"
+
+    def run(*caches):
+        subprocess.run([sys.executable, str(REPO / "benchmarks" / "test_suite.py"), "--timings", str(timings),
+                        "--make-test-seconds", "60", "--setup-seconds", "900", "--ci-seconds", "990",
+                        "--out", str(out), "--caches", *caches], cwd=REPO, check=True, timeout=120,
+                       capture_output=True)
+        return json.loads(out.read_text())
+
+    cold = run("videojobTools=empty", "goBuild=empty", "goModules=empty", "pip=empty")
+    assert (cold["setupSeconds"], cold["ciSeconds"], cold["noCaches"]) == (900.0, 990.0, True)
+    warm = run("videojobTools=present", "goBuild=empty", "goModules=empty", "pip=empty")
+    assert warm["noCaches"] is False and warm["cachesAtStart"]["videojobTools"] == "present"
