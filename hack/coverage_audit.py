@@ -344,6 +344,13 @@ def earlier_statuses(scratch: Path, lanes: dict, fast_tier: bool) -> dict[str, i
     return found
 
 
+def first_run_fast_tier(scratch: Path) -> dict | None:
+    """The lanes' own fast tier (without fast/rerun), when --rerun added to it; else None."""
+    if not (scratch / "fast" / "rerun").is_dir():
+        return None
+    return percents(reached(combine(scratch / "fast-first", [scratch / "fast" / s for s in STREAMS]))[2])
+
+
 def fast_parts(scratch: Path) -> list[Path]:
     """The fast tier's data directories: each lane's, and fast/rerun when --rerun made one."""
     return [scratch / "fast" / part for part in (*STREAMS, "rerun") if (scratch / "fast" / part).is_dir()]
@@ -441,7 +448,13 @@ def main() -> int:
                   "process outside its tests reached that the fast tier did not: subprocess data carries no "
                   "test context, so it counts for the module as a whole. Each non-empty entry, and each slow "
                   "test that did not pass here, needs a why (a scale figure, a soak)."),
+        "coverage": ("fastTier: what `make test` (the tests not marked slow) reaches, --rerun's data included; "
+                     "fastTierBeforeReruns (when there were reruns): the run's own fast tier, before tests added "
+                     "or broken by the harness were run again into its data; withSlow: every test, which is what "
+                     "`make test` ran before slow tests left it (none was deleted): the coverage before the split, "
+                     "against which fastTier must not fall except by the entries below, each with its why."),
         "fastTier": percents(fast_totals),
+        "fastTierBeforeReruns": first_run_fast_tier(scratch) if not args.fast_data else None,
         "withSlow": percents(reached(with_cov)[2]),
         "slowTests": tests,
         "slowModulesSubprocessOnly": modules,

@@ -293,6 +293,12 @@ def test_service_names(runner, namespace):
                     "spec": {"clusterIP": "None", "selector": {"app": "web"}, "ports": [{"port": 8080}]}})
     api.create(ns, _web("web-1", runner.node, hostname="w1", subdomain="web-h"))
     api.wait_pod(ns, "web-1", "Ready", lambda p: condition(p, "Ready") == "True")
+    # The names come from the EndpointSlices kube-controller-manager writes once web-1 is
+    # Ready (it lagged past the client's 20 s of retries on a loaded CI machine): the
+    # runner has them when web-1's own hosts file names the Service.
+    web1_hosts = Path("/etc/netns") / runner.pod_record(ns, "web-1")["netns"] / "hosts"
+    wait_for("the Service's name in web-1's hosts file (its endpoints known to the runner)",
+             lambda: f"web.{ns}.svc.cluster.local" in web1_hosts.read_text(), timeout=60)
     client = python_pod("client", runner.nodes[1], WEB_CLIENT, restartPolicy="Never")
     client["spec"]["containers"][0]["env"] = [{"name": "NS", "value": ns}]
     api.create(ns, client)
@@ -307,10 +313,9 @@ def test_service_names(runner, namespace):
     # the hosts file of a running pod follows a new endpoint
     api.create(ns, _web("web-2", runner.node))
     web2 = api.wait_pod(ns, "web-2", "Ready", lambda p: condition(p, "Ready") == "True")
-    hosts = Path("/etc/netns") / runner.pod_record(ns, "web-1")["netns"] / "hosts"
     wait_for("web-2's address under the name web in web-1's hosts file",
-             lambda: f"{web2['status']['podIP']}\tweb.{ns} " in hosts.read_text(), timeout=20)
-    assert f"web.{ns}.svc.cluster.local web" in hosts.read_text(), "the short name within the namespace"
+             lambda: f"{web2['status']['podIP']}\tweb.{ns} " in web1_hosts.read_text(), timeout=20)
+    assert f"web.{ns}.svc.cluster.local web" in web1_hosts.read_text(), "the short name within the namespace"
 
 
 # sh, not python: the venv's interpreter lives under /root (mode 0700 here), which other uids cannot enter
