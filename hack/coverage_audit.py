@@ -384,7 +384,7 @@ def main() -> int:
     ap.add_argument("--rerun", nargs="+", default=[], metavar="TEST",
                     help="with --reanalyse: run these test files or node ids again first, their data added to "
                          "the earlier run's (a slow module's in its own directory, fast tests in fast/rerun); "
-                         "for tests the audit's own harness broke, each said in the file")
+                         "for tests added since the run, or that the audit's own harness broke")
     args = ap.parse_args()
     if args.rerun and not args.reanalyse:
         sys.exit("coverage-audit: --rerun goes with --reanalyse (a full run runs everything anyway)")
