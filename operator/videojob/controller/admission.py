@@ -179,6 +179,7 @@ class Admissions:
             run = self.scheduler.running.get(key)
             self._touch()
             self.scheduler.finish(key, self.clock(), keep_group)
+            self._preempting.pop(key, None)  # ended on its own: no preemption is owed any more
             if keep_group and keep_group in self.scheduler.idle:
                 self._models[keep_group] = model
             if run is not None:
@@ -248,6 +249,16 @@ class Admissions:
         with self._lock:
             return ({r.group for r in self.scheduler.running.values() if r.group}
                     | set(self.scheduler.idle) | {a.reuse for a in self._granted.values() if a.reuse})
+
+    def holders(self) -> dict[str, str]:
+        """Every job key the books hold and how: "waiting", "granted" (admitted, not yet
+        running) or "running" (an attempt's GPUs). What the books must equal once a job is
+        deleted or ended: nothing of it."""
+        with self._lock:
+            held = {key: "waiting" for key in self.scheduler.waiting}
+            held.update({key: "granted" for key in self._granted})
+            held.update({key: "running" for key in self.scheduler.running})
+            return held
 
     def idle_groups(self) -> dict[str, Any]:
         with self._lock:

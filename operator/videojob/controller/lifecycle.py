@@ -157,18 +157,25 @@ class JobLifecycle(Queueing, KueueQueueing, Attempts, Watching, Endings, Deletio
         self.parking = park
         try:
             self._run(stopped)
+            if self.deleting.is_set():
+                raise Stopped
         except Parked:
-            return True
+            if not self.deleting.is_set():
+                return True
+            self._stopped_by_deletion()  # deleted as it parked: no place is kept for it
         except (Stopped, Gone):
             log.info("%s: lifecycle stopped", self.key)
             if self.deleting.is_set():
-                # The finalizer released the job's GPUs; an admission this daemon got
-                # after that (it was between two looks at the queue) must not outlive it.
-                with self.submit_lock:
-                    self.ctx.admissions.cancel(self.key)
-                self._capacity_metrics()
+                self._stopped_by_deletion()
         self._parked_job = self._kueue_parked = self._document = None
         return False
+
+    def _stopped_by_deletion(self) -> None:
+        # The finalizer released the job's GPUs; an admission this daemon got after
+        # that (it was between two looks at the queue) must not outlive it.
+        with self.submit_lock:
+            self.ctx.admissions.cancel(self.key)
+        self._capacity_metrics()
 
     def _run(self, stopped) -> None:
         if stopped.is_set() or self.deleting.is_set():  # a parked job woken after its deletion

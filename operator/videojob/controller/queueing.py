@@ -60,6 +60,11 @@ class Queueing:
                 self._waiting_ask = None
                 self._fail(Reason.DOES_NOT_FIT, f"{exc}: it can never run here", ConditionType.ADMITTED)
                 raise Stopped from None
+            if self.deleting.is_set():
+                # Deleted while this thread was on its way here: the finalizer cancelled the
+                # job's place before this request made it again (a ghost the next pass grants).
+                self.ctx.admissions.cancel(self.key)
+                raise Stopped
             self._capacity_metrics()
             if admission is not None:
                 self._waiting_ask, self._queue_shown = None, (float("-inf"), None)

@@ -21,14 +21,18 @@ most every ``progress_interval_s``:
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
 from ..api.status import ConditionType, Phase, Reason
-from ..driver_protocol import records
+from ..driver_protocol import records, result_of
 from ..raycluster.client import RayJob
 
+log = logging.getLogger("videojob.controller")
+
 LOG_TAIL_LINES = 200  # a running driver's last lines read for its progress (one record a step; others between)
+PREEMPT_RETRY_POLLS = 10  # a preempt driver that could not ask the ranks is sent again after this many polls
 PLACEMENT_REASONS = {"waiting-for-node": Reason.WAITING_FOR_NODE, "waiting-for-room": Reason.WAITING_FOR_PLACEMENT}
 
 
@@ -40,14 +44,17 @@ class Watching:
         sid = attempt["submissionId"]
         last_write = float("-inf")
         waiting = False
-        preempting = False
+        preempt: tuple[str, float] | None = None  # the preempt driver sent, and when
         while True:
-            if not preempting and self.ctx.admissions.preempt_requested(self.key):
-                preempting = self._ask_to_preempt(stopped, attempt)
-            if not preempting and self.ctx.kueue is not None:
-                self._evicted_by_kueue = self._kueue_eviction(attempt)
-                if self._evicted_by_kueue is not None:
-                    preempting = self._ask_to_preempt(stopped, attempt)
+            if preempt is None:
+                wanted = self.ctx.admissions.preempt_requested(self.key)
+                if not wanted and self.ctx.kueue is not None:
+                    self._evicted_by_kueue = self._kueue_eviction(attempt)
+                    wanted = self._evicted_by_kueue is not None
+                if wanted:
+                    preempt = self._ask_to_preempt(stopped, attempt)
+            else:
+                preempt = self._preempt_again_if_refused(stopped, attempt, preempt)
             ray_job: RayJob = self._ray(stopped, lambda: self.ctx.driver(sid), Phase.RUNNING.value)
             if ray_job is None:
                 return None
@@ -72,27 +79,51 @@ class Watching:
                     last_write = clock
             self._wait(stopped, self.ctx.settings.poll_interval_s)
 
-    def _ask_to_preempt(self, stopped, attempt: dict[str, Any]) -> bool:
+    def _ask_to_preempt(self, stopped, attempt: dict[str, Any], again: bool = False) -> tuple[str, float] | None:
         """A job of higher priority needs this one's GPUs: its ranks checkpoint and stop
         at their next step boundary (a small driver asks them); the attempt then ends
-        Preempted and the job waits in the queue again."""
+        Preempted and the job waits in the queue again. (the preempt driver, when it was
+        sent); None: the attempt has no group yet, asked again at the next look."""
         from .groups import submit_preempt
 
         group = attempt.get("group")
         if not group:
-            return False
+            return None
         by = self.ctx.admissions.preempted_by(self.key) or "a job of higher priority"
         evicted = getattr(self, "_evicted_by_kueue", None)
         if evicted is not None:
             by = f"Kueue ({evicted[0]}: {evicted[1][:300]})"
         plan = self.book.status.get("plan") or {}
-        self._ray(stopped, lambda: submit_preempt(self.ctx.ray, group, self._job_id(attempt),
-                                                  int(plan.get("gpus") or 8), self.ctx.launch, f"preempted by {by}"),
-                  Phase.RUNNING.value)
-        message = f"attempt {attempt['number']}: preempted by {by}; stopping at the next step boundary"
-        self.ctx.event(self.namespace, self.name, self.uid, "Normal", "Preempting", message)
-        self.book.update({"message": message})
-        return True
+        sid = self._ray(stopped, lambda: submit_preempt(self.ctx.ray, group, self._job_id(attempt),
+                                                        int(plan.get("gpus") or 8), self.ctx.launch,
+                                                        f"preempted by {by}"), Phase.RUNNING.value)
+        if not again:
+            message = f"attempt {attempt['number']}: preempted by {by}; stopping at the next step boundary"
+            self.ctx.event(self.namespace, self.name, self.uid, "Normal", "Preempting", message)
+            self.book.update({"message": message})
+        return sid, time.monotonic()
+
+    def _preempt_again_if_refused(self, stopped, attempt: dict[str, Any],
+                                  preempt: tuple[str, float]) -> tuple[str, float]:
+        """A preemption ends only when the attempt ends: a preempt driver that could not ask
+        the ranks (the victim was still starting: its group not up yet, ``GroupNotFound``;
+        or Ray lost it) is sent again, at most every ``PREEMPT_RETRY_POLLS`` polls, until one
+        asked them. (It was fire-and-forget: a victim caught starting ran to its end, and
+        the head it was chosen for waited all of it, with every other preemption of its class.)"""
+        sid, sent = preempt
+        if time.monotonic() - sent < PREEMPT_RETRY_POLLS * self.ctx.settings.poll_interval_s:
+            return preempt
+        job = self._ray(stopped, lambda: self.ctx.ray.job(sid), Phase.RUNNING.value)
+        if job is not None and not job.terminal:
+            return preempt  # still asking
+        result = result_of(self._ray(stopped, lambda: self.ctx.ray.logs(sid), Phase.RUNNING.value)) \
+            if job is not None else None
+        if result is not None and result.get("ok"):
+            return sid, float("inf")  # the ranks were asked: the attempt ends Preempted at a step boundary
+        error = (result or {}).get("error") or {}
+        log.info("%s: preempt driver %s could not ask the ranks (%s: %s); asking again", self.key, sid,
+                 error.get("reason") or ("lost" if job is None else job.status), error.get("message", "")[:200])
+        return self._ask_to_preempt(stopped, attempt, again=True) or preempt
 
     def _show_latest(self, attempt: dict[str, Any], logs: str, waiting: bool) -> tuple[bool, bool]:
         """Show the driver's latest news; (written, still waiting for placement)."""

@@ -215,7 +215,13 @@ class Scheduler:
         ``ask``: its Ask, for its priority and preemption fields and to wait again if
         preempted; without it the job is never chosen as a victim."""
         if key in self.running:
-            return self.running[key].pod
+            run = self.running[key]
+            if ask is not None and run.ask is None:
+                # Counted at the operator's start from its status alone; its lifecycle, adopting
+                # the driver, brings its Ask: from now on it is preemptible as it was before.
+                run.priority, run.preemptible, run.restart_s, run.resumable, run.ask = (
+                    ask.priority, ask.preemptible, ask.restart_s, ask.resumable, ask)
+            return run.pod
         self.waiting.pop(key, None)
         c = self.classes[klass]
         pod = self._fit_pod(c, gpus)

@@ -1,0 +1,151 @@
+"""The books against races between a job's thread and its deletion, a preemption, a restart
+(issue 36), with the real lifecycles and ``Admissions`` over an API server and a Ray in this
+process (tests/memory_operator.py): each story stops a thread at the line where the race
+happens, so it runs in milliseconds and the same way every time."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from memory_operator import ManualClock, StartingRay, memory_controller
+from operator_inprocess import one_rank
+
+ONE_CPU = [{"name": "cpu1", "gpusPerPod": 1, "maxPods": 1}]
+
+
+def _job(jobs, name: str) -> tuple[str, str]:
+    doc = one_rank(name)
+    doc["metadata"]["namespace"] = "ns"
+    obj = jobs.create(doc)
+    return obj["metadata"]["name"], obj["metadata"]["uid"]
+
+
+@pytest.mark.parametrize("park", [True, False], ids=["parked", "polling"])
+def test_a_job_deleted_while_its_thread_asks_for_gpus_is_not_queued_again(tmp_path, park):
+    """Issue 36, 1: the finalizer sets `deleting` and cancels the job's place; a thread that was
+    already on its way to `request()` enqueued it again and parked, the next pass granted it,
+    and its GPUs were held by nothing until a restart (parked); or it was granted at once and
+    went on to submit a driver for a deleted job (polling)."""
+    controller, jobs, ray = memory_controller(tmp_path, ONE_CPU)
+    name, uid = _job(jobs, "ghost")
+    lifecycle = controller.lifecycle("ns", name, uid)
+    admissions = controller.admissions
+    request = admissions.request
+
+    def deleted_first(ask, pass_now=True):  # the finalizer runs just before the thread's request
+        controller.delete("ns", name, uid, {})
+        return request(ask, pass_now)
+
+    admissions.request = deleted_first
+    parked = lifecycle.run(threading.Event(), park=park)
+    admissions.request = request
+    admissions.tick()  # the admission loop's next pass
+    assert not parked, "a deleted job parked in the queue"
+    assert admissions.holders() == {}, f"a deleted job is in the books: {admissions.holders()}"
+    assert ray.submitted == 0, "a driver was submitted for a deleted job"
+
+
+def _wait_for(what: str, check, timeout_s: float = 10.0, interval_s: float = 0.02):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{timeout_s:g} s without {what}")
+        time.sleep(interval_s)
+
+
+class _Threads:
+    """Job lifecycles on threads, as the job runner runs them; stopped at the end of the test."""
+
+    def __init__(self, controller):
+        self.controller, self.threads = controller, []
+
+    def run(self, name: str, uid: str) -> None:
+        stopped = threading.Event()
+        lifecycle = self.controller.lifecycle("ns", name, uid)
+        thread = threading.Thread(target=lifecycle.run, args=(stopped,), name=f"job-{name}", daemon=True)
+        thread.start()
+        self.threads.append((thread, stopped))
+
+    def stop(self) -> None:
+        for _, stopped in self.threads:
+            stopped.set()
+        for thread, _ in self.threads:
+            thread.join(timeout=10)
+        assert not any(t.is_alive() for t, _ in self.threads), "a job thread did not stop"
+
+
+def _priority(doc: dict, priority: int) -> dict:
+    doc["spec"]["resources"] = {**doc["spec"].get("resources", {}), "priority": priority}
+    return doc
+
+
+def test_a_preemption_that_finds_its_victim_still_starting_is_sent_again(tmp_path):
+    """Issue 36, 2: the preempt driver of a victim whose group is not up yet answers GroupNotFound;
+    it was never read, the victim stayed "preempting" and ran to its end while the job it was
+    chosen for waited (with every other preemption of its class). Now it is sent again until
+    one asks the ranks, and the victim ends Preempted."""
+    ray, clock = StartingRay(), ManualClock()
+    controller, jobs, _ = memory_controller(tmp_path, ONE_CPU, ray=ray)
+    controller.admissions.clock = clock
+    threads = _Threads(controller)
+    try:
+        group = _low_running(tmp_path, controller, jobs, clock, threads)
+        high = jobs.create({**_priority(one_rank("high"), 10), "metadata": {"name": "high", "namespace": "ns"}})
+        threads.run("high", high["metadata"]["uid"])
+        _wait_for("a preempt driver for the low job", lambda: ray.preempts)
+        assert ray.preempts[0][1:] == (group, False), "the first preempt driver should find no group"
+        ray.up(group)  # the victim's group is ready now
+        _wait_for("the low job preempted", lambda: [a.get("result") for a in
+                                                     jobs.get("ns", "low")["status"]["attempts"]] == ["Preempted"])
+        _wait_for("the high job running", lambda: controller.admissions.holders().get("ns/high") == "running")
+        assert [found for _, _, found in ray.preempts][-1] is True
+    finally:
+        threads.stop()
+
+
+def _low_running(tmp_path, controller, jobs, clock, threads) -> str:
+    """`low` (priority 0) running on the only GPU, past step 1 after 100 s; its group's name."""
+    low = jobs.create({**_priority(one_rank("low"), 0), "metadata": {"name": "low", "namespace": "ns"}})
+    threads.run("low", low["metadata"]["uid"])
+    group = _wait_for("the low job's attempt", lambda: (jobs.get("ns", "low").get("status", {}).get("attempts")
+                                                       or [{}])[-1].get("group"))
+    clock.advance(100)  # step 1 took 100 s: far from its end, so a victim (not about to finish)
+    running = controller.admissions.scheduler.running
+    _wait_for("the low job's expected end to follow its progress", lambda: running["ns/low"].est_end > clock.now + 60)
+    return group
+
+
+def test_a_running_job_adopted_after_a_restart_can_still_be_preempted(tmp_path):
+    """Issue 36, 3: the restarted operator's books count a running job from its status (no Ask:
+    never a victim); its lifecycle, adopting the driver, brought the Ask, which `reserve`
+    ignored for a key already running. A job of higher priority waited for its whole run."""
+    ray, clock = StartingRay(), ManualClock()
+    first, jobs, _ = memory_controller(tmp_path, ONE_CPU, ray=ray)
+    first.admissions.clock = clock
+    threads = _Threads(first)
+    group = _low_running(tmp_path, first, jobs, clock, threads)
+    threads.stop()  # the operator goes away; the driver runs on
+    second, _, _ = memory_controller(tmp_path, ONE_CPU, ray=ray, jobs=jobs)
+    second.admissions.clock = clock
+    second.rebuild()
+    assert second.admissions.holders() == {"ns/low": "running"}
+    threads = _Threads(second)
+    try:
+        threads.run("low", jobs.get("ns", "low")["metadata"]["uid"])
+        clock.advance(100)
+        running = second.admissions.scheduler.running
+        _wait_for("the adopted job's expected end to follow its progress",
+                  lambda: running["ns/low"].est_end > clock.now + 60)
+        ray.up(group)
+        high = jobs.create({**_priority(one_rank("high"), 10), "metadata": {"name": "high", "namespace": "ns"}})
+        threads.run("high", high["metadata"]["uid"])
+        _wait_for("the adopted low job preempted", lambda: [a.get("result") for a in
+                                                            jobs.get("ns", "low")["status"]["attempts"]] == ["Preempted"])
+        _wait_for("the high job running", lambda: second.admissions.holders().get("ns/high") == "running")
+    finally:
+        threads.stop()
