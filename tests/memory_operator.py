@@ -24,19 +24,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from fake_ray import InstantRay  # noqa: E402
 
 from videojob.controller.kube import Conflict, Gone  # noqa: E402
-
-
-def _merge_patch(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    """RFC 7386: None removes a key, dicts merge, anything else replaces."""
-    out = copy.deepcopy(base)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge_patch(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
+from videojob.controller.status import merged  # noqa: E402 - RFC 7386, as the API server merges
 
 
 class MemoryJobs:
@@ -102,7 +90,7 @@ class MemoryJobs:
                 raise Conflict(f"{namespace}/{name} changed since resourceVersion {expect}")
             if uid is not None and obj["metadata"]["uid"] != uid:
                 raise Conflict(f"{namespace}/{name}: precondition failed, uid {uid} is not the object's")
-            obj["status"] = _merge_patch(obj.get("status") or {}, status)
+            obj["status"] = merged(obj.get("status") or {}, status)
             obj["metadata"]["resourceVersion"] = str(next(self._versions))
             self.patches.append((namespace, name, copy.deepcopy(status)))
             return copy.deepcopy(obj)
