@@ -7,8 +7,14 @@
   a blocked loop watches nothing and runs no handler or daemon start.
 - ``admissions``: a thread takes and releases the Admissions lock every
   ``beat_s`` and stamps after it; a lock held for ever admits and frees
-  nothing. (Not the sweeper: a sweep waits minutes on an unreachable Ray, and
-  a restart would not bring Ray back.)
+  nothing.
+- ``sweeper``: the sweeper stamps while it waits for its next sweep and after
+  each step of a sweep (every job listed, every call to Ray or the API server),
+  with a limit of its own (``limit_s``): a step may wait out its call's timeout
+  and retries (an unreachable Ray, a busy API server) without the operator
+  being restarted for it, but a sweeper stuck for good (it was, on a
+  connection dropped silently, before every call had a timeout: issue 36)
+  no longer reclaims groups or expires jobs unseen.
 
 An idle operator passes: the beats do not need any job. A process resumed
 after SIGSTOP finds every stamp old; its beats are due at once, so a check
@@ -28,6 +34,7 @@ log = logging.getLogger("videojob.health")
 
 KOPF_LOOP = "kopf event loop"
 ADMISSIONS = "admissions"
+SWEEPER = "sweeper"
 
 
 class Health:
@@ -39,16 +46,23 @@ class Health:
         self.grace_s = min(2.0, self.stall_s / 2)
         self.clock = clock
         self._beats: dict[str, float] = {}  # only the heartbeats started are checked
+        self._limits: dict[str, float] = {}  # a heartbeat's own limit, where longer than stall_s
         self._stopped = threading.Event()
         self._tasks: list[asyncio.Task] = []
 
-    def beat(self, name: str) -> None:
+    def beat(self, name: str, limit_s: float | None = None) -> None:
+        """Stamp ``name``; ``limit_s``: it is stale only after that long (at least ``stall_s``)."""
+        if limit_s is not None:
+            self._limits[name] = max(self.stall_s, float(limit_s))
         self._beats[name] = self.clock()
 
+    def limit(self, name: str) -> float:
+        return self._limits.get(name, self.stall_s)
+
     def stale(self) -> list[tuple[str, float]]:
-        """(heartbeat, seconds since it last beat) for each older than ``stall_s``."""
+        """(heartbeat, seconds since it last beat) for each older than its limit."""
         now = self.clock()
-        return [(name, now - at) for name, at in sorted(self._beats.items()) if now - at > self.stall_s]
+        return [(name, now - at) for name, at in sorted(self._beats.items()) if now - at > self.limit(name)]
 
     def check(self) -> tuple[bool, str]:
         """(healthy, the body /healthz answers)."""
@@ -61,8 +75,8 @@ class Health:
             now = self.clock()
             ages = ", ".join(f"{name} {now - at:.0f}s ago" for name, at in sorted(self._beats.items()))
             return True, f"ok (last heartbeats: {ages or 'none yet'})\n"
-        lines = [f"stale: {name}: no progress for {age:.0f}s (limit {self.stall_s:g}s, "
-                 f"VIDEOJOB_HEALTH_STALL_S)" for name, age in stale]
+        lines = [f"stale: {name}: no progress for {age:.0f}s (limit {self.limit(name):g}s, "
+                 f"from VIDEOJOB_HEALTH_STALL_S)" for name, age in stale]
         return False, "\n".join(lines) + "\n"
 
     # -- the heartbeats --------------------------------------------------------

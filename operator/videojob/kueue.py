@@ -21,9 +21,16 @@ from typing import Any, Callable
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
+from .controller.kube import DEFAULT_API_TIMEOUT_S, request_timeout
 from .inventory import ClusterInventory, GpuClass
 
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
+WATCH_TIMEOUT_S = 300  # the server ends each Workload watch after this; the cache lists again
+
+
+def api_timeout_s(api: k8s.CustomObjectsApi) -> float:
+    """The client-side timeout of ``api``'s calls (kube.TimedApiClient), else the default."""
+    return float(getattr(api.api_client, "timeout_s", DEFAULT_API_TIMEOUT_S))
 GPU_RESOURCE = "nvidia.com/gpu"
 LABEL_UID, LABEL_ATTEMPT, LABEL_CLASS = "videojob.io/uid", "videojob.io/attempt", "videojob.io/gpu-class"
 POD_SET = "ranks"
@@ -219,8 +226,11 @@ class WorkloadCache:
                     relisted = [k for k in self._listeners if not namespace or k[0] == namespace]
                 self._wake(relisted)
                 version = listed["metadata"]["resourceVersion"]
-                kwargs = dict(label_selector=selector, resource_version=version, timeout_seconds=300,
-                              allow_watch_bookmarks=True)
+                # The client gives up WATCH_TIMEOUT_S + the API timeout after the last byte: a
+                # connection dropped silently no longer stops the cache (and every eviction) for good.
+                kwargs = dict(label_selector=selector, resource_version=version, timeout_seconds=WATCH_TIMEOUT_S,
+                              allow_watch_bookmarks=True,
+                              _request_timeout=request_timeout(WATCH_TIMEOUT_S + api_timeout_s(self.api)))
                 args = (GROUP, VERSION, namespace, "workloads") if namespace else (GROUP, VERSION, "workloads")
                 call = (self.api.list_namespaced_custom_object if namespace
                         else self.api.list_cluster_custom_object)

@@ -140,6 +140,11 @@ class OperatorSettings(BaseSettings):
     poll_interval_s: float = Field(default=1.0, gt=0, description="Seconds between looks at a running job.")
     watch_timeout_s: int = Field(default=600, gt=0,
                                    description="Seconds before the API server ends a watch (kopf re-opens it).")
+    kube_api_timeout_s: float = Field(
+        default=30.0, gt=0, le=600,
+        description="Seconds any call to the Kubernetes API waits for its answer before it gives up (and is "
+                    "retried): a connection dropped silently must not wedge a job's thread, the sweeper or the "
+                    "Workload watch (a watch waits its server-side timeout plus this).")
     namespaces: list[str] = Field(default_factory=list,
                                   description="Namespaces to watch (empty: all; comma-separated in the env).")
     metrics_port: int = Field(default=8080, ge=0, le=65535,
@@ -200,7 +205,8 @@ class OperatorSettings(BaseSettings):
     health_stall_s: float = Field(
         default=60.0, ge=1.0,
         description="/healthz answers 503 (the liveness probe fails) when kopf's event loop, or the Admissions "
-                    "lock, has shown no progress for this many seconds; the heartbeats come every "
+                    "lock, has shown no progress for this many seconds (the sweeper: for the longest one step of a "
+                    "sweep may take, its calls' timeouts and tries, when that is longer); the heartbeats come every "
                     "min(5, this / 4) seconds, whether or not there are jobs.")
     max_attempts: int = Field(default=3, ge=1, le=20,
                               description="Attempts a job gets (out-of-memory re-plans and lost-rank retries "

@@ -129,6 +129,10 @@ def build_registry(settings: OperatorSettings, controller: Controller | None = N
         settings.execution.max_workers = DELETION_WORKERS
         settings.watching.server_timeout = controller.settings.watch_timeout_s
         settings.watching.client_timeout = controller.settings.watch_timeout_s + 10
+        # kopf's other calls (patches, finalizers, events) give up as the operator's own do
+        # (its default waited 5 minutes, and a connection dropped silently held a worker that long).
+        settings.networking.request_timeout = controller.settings.kube_api_timeout_s
+        settings.networking.connect_timeout = min(10.0, controller.settings.kube_api_timeout_s)
         controller.start()
 
     @kopf.on.cleanup(registry=registry)

@@ -14,6 +14,7 @@ import random
 import time
 from typing import Any, Callable, TypeVar
 
+import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
@@ -37,17 +38,47 @@ RETRY_STATUSES = {429, 500, 502, 503, 504}
 LIST_PAGE_SIZE = 500  # VideoJobs per list request (the sweep and the rebuild page through them)
 
 
-def api_client(pool_size: int = 64) -> k8s.ApiClient:
-    """In a pod: its ServiceAccount; elsewhere: $KUBECONFIG (what kopf uses too).
-    ``pool_size`` connections are kept: every job's thread shares this client
-    (the default, 5 x cores, makes busy threads open and drop connections)."""
-    configuration = k8s.Configuration()
-    try:
-        k8s_config.load_incluster_config(client_configuration=configuration)
-    except k8s_config.ConfigException:
-        k8s_config.load_kube_config(client_configuration=configuration)
+DEFAULT_API_TIMEOUT_S = 30.0  # OperatorSettings.kube_api_timeout_s's default
+CONNECT_TIMEOUT_S = 10.0
+TIMEOUT_ATTEMPTS = 3  # tries of a call the API server did not answer in time (each waits its timeout)
+
+
+def request_timeout(read_s: float) -> tuple[float, float]:
+    """(connect, read) seconds for a call whose answer may take ``read_s``."""
+    return (min(CONNECT_TIMEOUT_S, read_s), read_s)
+
+
+class TimedApiClient(k8s.ApiClient):
+    """An ApiClient whose every call has a client-side timeout unless the call gives its own
+    (a watch: longer than its server-side timeout). Without one, a connection dropped
+    silently (a NAT or load balancer forgetting it, an API server hung) wedged the calling
+    thread for ever: a job's thread, the sweeper, the Workload watch (issue 36)."""
+
+    timeout_s: float = DEFAULT_API_TIMEOUT_S
+
+    def call_api(self, method, url, header_params=None, body=None, post_params=None, _request_timeout=None):
+        return super().call_api(method, url, header_params, body, post_params,
+                                _request_timeout if _request_timeout is not None else request_timeout(self.timeout_s))
+
+
+def api_client(pool_size: int = 64, timeout_s: float = DEFAULT_API_TIMEOUT_S,
+               configuration: k8s.Configuration | None = None) -> k8s.ApiClient:
+    """In a pod: its ServiceAccount; elsewhere: $KUBECONFIG (what kopf uses too), unless
+    ``configuration`` is given. ``pool_size`` connections are kept: every job's thread
+    shares this client (the default, 5 x cores, makes busy threads open and drop
+    connections). Every call gives up after ``timeout_s`` without an answer."""
+    if configuration is None:
+        configuration = k8s.Configuration()
+        try:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        except k8s_config.ConfigException:
+            k8s_config.load_kube_config(client_configuration=configuration)
     configuration.connection_pool_maxsize = pool_size
-    api = k8s.ApiClient(configuration)
+    # A read that timed out is not tried again underneath (urllib3's default tried it 3 more
+    # times: 4 timeouts a call); with_retries decides. Refused connections still are.
+    configuration.retries = urllib3.util.Retry(total=2, read=0, redirect=0, status=0, other=0)
+    api = TimedApiClient(configuration)
+    api.timeout_s = timeout_s
     # More threads than connections wait for one, instead of opening (a TLS
     # handshake on both sides) and then discarding an extra connection each.
     api.rest_client.pool_manager.connection_pool_kw["block"] = True
@@ -56,11 +87,18 @@ def api_client(pool_size: int = 64) -> k8s.ApiClient:
 
 def with_retries(call: Callable[[], T], what: str, attempts: int = 6, first_delay_s: float = 0.5) -> T:
     """``call()``, again after a backoff (or the server's Retry-After) while the API
-    server answers 429 or 5xx: a busy server slows the operator down, never fails a job."""
+    server answers 429 or 5xx, or does not answer within the client's timeout: a busy
+    server slows the operator down, never fails a job."""
     delay = first_delay_s
     for attempt in range(attempts):
         try:
             return call()
+        except urllib3.exceptions.HTTPError as exc:  # no answer in time, or the connection dropped
+            if attempt >= min(attempts, TIMEOUT_ATTEMPTS) - 1:
+                raise
+            log.info("%s: no answer from the API server (%s); again in %.1f s", what, type(exc).__name__, delay)
+            time.sleep(delay * (1 + 0.2 * random.random()))
+            delay = min(30.0, delay * 2)
         except ApiException as exc:
             if exc.status not in RETRY_STATUSES or attempt == attempts - 1:
                 raise

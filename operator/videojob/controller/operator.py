@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..api.common import API_GROUP, API_VERSION, KIND
-from ..health import ADMISSIONS, Health
+from ..health import ADMISSIONS, SWEEPER, Health
 from ..inventory import load_inventory
 from ..metrics import Metrics, serve
 from ..raycluster.client import HttpRayClient, RayClient
 from ..raycluster.jobtable import JobTable
 from ..settings import OperatorSettings
-from .kube import VideoJobs, api_client
+from .kube import TIMEOUT_ATTEMPTS, VideoJobs, api_client
 from . import expiry
 from .admission import Admissions, pool_key
 from .groups import groups_in_ray, owner_uid, teardown_groups
@@ -79,13 +79,13 @@ class Controller:
 
     def start(self) -> None:
         ray = self._ray or self._ray_client()
-        jobs = self._jobs or VideoJobs()
+        jobs = self._jobs or VideoJobs(api_client(timeout_s=self.settings.kube_api_timeout_s))
         kueue = None
         if self.settings.admission == "kueue":
             from ..kueue import KueueApi
 
-            kueue = KueueApi(getattr(getattr(jobs, "api", None), "api_client", None) or api_client(),
-                             self.settings.namespaces)
+            kueue = KueueApi(getattr(getattr(jobs, "api", None), "api_client", None)
+                             or api_client(timeout_s=self.settings.kube_api_timeout_s), self.settings.namespaces)
         self.runner.workloads = kueue.cache if kueue is not None else None  # parked kueue jobs wake on its events
         self.ctx = Context(jobs=jobs, ray=ray, admissions=self.admissions, inventory=self.inventory,
                            settings=self.settings, metrics=self.metrics, event=self._event or _no_event, kueue=kueue,
@@ -143,22 +143,24 @@ class Controller:
 
     def sweep(self) -> dict[str, list[str]]:
         """One sweep: idle groups past the TTL, and groups nobody owns, are torn down."""
-        ray, launch = self.ctx.ray, self.ctx.launch
+        ray, launch, step = self.ctx.ray, self.ctx.launch, self._sweeper_beat
         expired = self.admissions.expired()
         if expired:
             teardown_groups(ray, expired, launch, "idle past the TTL")
             self.metrics.evictions.labels(why="ttl").inc(len(expired))
+            step()
         # Ray's groups first, then the VideoJobs and the books: a group that exists in
         # Ray was named in the books (``Admissions.attach``, before its driver was
         # submitted) and its job created before this listing, so a job admitted
         # meanwhile is never taken for an owner that is gone.
         in_ray = groups_in_ray(ray)
+        step()
         live: dict[str, str] = {}
         due: list[expiry.Expired] = []
         ttl_s, clock = self.settings.ttl_seconds_after_finished, time.time()
         # Page by page, only uid -> phase and the expired are kept (not 30,000 whole objects).
         for uid, phase, expired_job in self.ctx.jobs.list(
-                self.settings.namespaces, reduce=lambda obj: sweep_view(obj, ttl_s, clock)):
+                self.settings.namespaces, reduce=lambda obj: step() or sweep_view(obj, ttl_s, clock)):
             live[uid] = phase
             if expired_job is not None:
                 due.append(expired_job)
@@ -170,6 +172,7 @@ class Controller:
         scoped = set(self.settings.namespaces)
         ownerless = []
         for group in in_ray:
+            step()
             if group in in_use or group in expired:
                 continue
             uid = owner_uid(group)
@@ -181,7 +184,9 @@ class Controller:
         if ownerless:
             teardown_groups(ray, ownerless, launch, "its owner no longer exists")
             self.metrics.evictions.labels(why="ownerless").inc(len(ownerless))
+        step()
         prune(ray, live, scoped, self.settings.ray_job_retention_s)  # ended drivers leave Ray's job table
+        step()
         self.metrics.set_capacity(self.admissions.snapshot())
         return {"expired": expired, "ownerless": ownerless, "jobsExpired": expired_jobs}
 
@@ -190,6 +195,7 @@ class Controller:
         ``EXPIRE_PER_SWEEP`` a sweep, oldest first, so a backlog drains without a burst."""
         gone = []
         for job in sorted(due, key=lambda e: -e.finished_s_ago)[:EXPIRE_PER_SWEEP]:
+            self._sweeper_beat()
             try:
                 deleted = self.ctx.jobs.delete(job.namespace, job.name, job.uid)
             except Exception as exc:  # noqa: BLE001 - e.g. RBAC without delete: the sweep goes on
@@ -203,14 +209,25 @@ class Controller:
                          job.name, job.phase, job.finished_s_ago)
         return gone
 
+    def sweep_step_limit_s(self) -> float:
+        """The longest a healthy sweep goes without a step done: one call to the API server
+        waiting out its timeout in each of its tries (with their backoff), or Ray's tries."""
+        s = self.settings
+        return max(TIMEOUT_ATTEMPTS * (s.kube_api_timeout_s + 2.0), (s.ray_http_retries + 1) * s.ray_http_timeout_s)
+
+    def _sweeper_beat(self) -> None:
+        self.health.beat(SWEEPER, self.sweep_step_limit_s())
+
     def _sweeper(self) -> None:
         while self.alive.is_set():
             deadline = time.monotonic() + self.settings.sweep_interval_s
             while self.alive.is_set() and time.monotonic() < deadline:
+                self._sweeper_beat()
                 time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
             if not self.alive.is_set():
                 return
             try:
+                self._sweeper_beat()
                 self.sweep()
             except Exception:  # noqa: BLE001 - Ray or the API server away: next sweep
                 log.warning("sweep failed; trying again in %.0f s", self.settings.sweep_interval_s, exc_info=True)
