@@ -26,6 +26,7 @@ import time
 import pytest
 
 from videojob.controller.admission import Admissions
+from videojob.controller.flags import Wake
 from videojob.controller.runner import (MOVED, NEW, PASS_GAP_S, PASS_SHARE, STARTING_AT_ONCE, WOKEN, Gate, JobRunner,
                                         PlaceBudget, admission_loop, near, pass_gap, worth_showing)
 from videojob.inventory import parse_inventory
@@ -392,3 +393,54 @@ def test_the_books_preempt_for_a_higher_priority_and_let_idle_groups_expire(capl
     assert books.expired() == ["g-high"]
     assert books.idle_groups() == {} and books.groups_in_use() == set()
     assert "admission: expired g-high class=cpu4  allocated=0/4 idle=0" in caplog.text
+
+
+def test_a_job_in_line_to_show_its_place_goes_to_the_front_line_once_admitted():
+    """Issue 36, 5: a job woken to show a new place (MOVED) waits last at the gate; admitted
+    while it waits, its GPUs are booked and it waited behind a whole burst of new jobs. Its
+    listener now stays (the wake promotes it to the WOKEN line), and it is served first."""
+
+    async def scenario() -> list[str]:
+        gate, served, wake, halt = Gate(1), [], Wake(), asyncio.Event()
+        await gate.acquire(NEW)  # the one slot, taken
+
+        async def moved() -> None:
+            assert await gate.acquire_unless(MOVED, halt, promote=wake)
+            served.append("moved")
+            gate.release()
+
+        async def new(name: str) -> None:
+            await gate.acquire(NEW)
+            served.append(name)
+            gate.release()
+
+        tasks = [asyncio.create_task(moved())] + [asyncio.create_task(new(f"new-{i}")) for i in range(3)]
+        await asyncio.sleep(0.01)
+        assert gate.waiting() == (0, 3, 1)
+        wake.set()  # the admission loop admitted it: its listener
+        await asyncio.sleep(0.01)
+        assert gate.waiting() == (1, 3, 0), "not moved to the front line"
+        gate.release()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+        assert gate.free == 1 and gate.waiting() == (0, 0, 0), "a slot leaked"
+        return served
+
+    assert asyncio.run(scenario()) == ["moved", "new-0", "new-1", "new-2"]
+
+
+def test_a_job_whose_place_moved_still_hears_its_admission(loop_thread):
+    """The runner side of the above: MOVED returns with the job's listener kept, so the
+    admission that comes while it waits at the gate wakes it."""
+    loop, admissions, runner = loop_thread
+    admissions.running("ns/holder", "cpu4", 4, 60.0, None, None)
+    job = StandIn(admissions, Book(4), "moved", 1, priority=0, seq=1)
+    assert job.run(threading.Event(), park=True) and admissions.request(job.ask, pass_now=True)[1] == 1
+    job.shown = 1
+    admissions.request(Ask("ns/first", "cpu4", 1, 10, 0, preemptible=False), pass_now=True)  # ahead of it now
+    assert admissions.place(job.key) == 2
+    woken, flag = Wake(), runner.flags.flag()
+    turn = asyncio.run_coroutine_threadsafe(runner._wait_for_turn(job, loop, woken, flag), loop).result(10)
+    assert turn == MOVED
+    admissions.finish("ns/holder")  # the GPUs free: the admission loop admits it
+    _wait("the admission to wake the job that waits to show its place", woken.is_set, timeout=10)
+    admissions.unlisten(job.key)

@@ -101,8 +101,14 @@ class JobRunner:
         turn = NEW
         try:
             while not flag.is_set():
-                if not await self._starting.acquire_unless(turn, halt):
-                    return  # stopped while it waited for a slot
+                # In line to show a new place, it still listens for its admission (MOVED kept the
+                # listener): admitted meanwhile, it goes to the front line (Gate.acquire_unless).
+                try:
+                    if not await self._starting.acquire_unless(turn, halt, woken if turn == MOVED else None):
+                        return  # stopped while it waited for a slot
+                finally:
+                    if turn == MOVED:
+                        self.admissions.unlisten(lifecycle.key)
                 held = [True]
 
                 def release() -> None:  # once: at the admission (from the thread) or at the return
@@ -148,6 +154,7 @@ class JobRunner:
         with self._lock:
             self.parked += 1
         parked_at = time.monotonic()
+        moved = False
         try:
             while not flag.is_set():
                 # Placed since it parked, or moved and due to be shown again (its lifecycle writes a
@@ -156,6 +163,7 @@ class JobRunner:
                 if place not in (None, shown) and (shown is None or (
                         time.monotonic() - parked_at >= self.place_interval_s and worth_showing(shown, place)
                         and (near(shown, place) or self.far_places.take()))):
+                    moved = True  # its listener stays while it waits at the gate (run unlistens)
                     return MOVED
                 # Nothing shown yet: look again at the next pass; else at the place interval.
                 wait = self.poll_interval_s if shown is None else self.place_interval_s
@@ -163,7 +171,8 @@ class JobRunner:
                     return WOKEN  # admitted (or stopped)
             return WOKEN  # stopped
         finally:
-            self.admissions.unlisten(key)
+            if not moved:
+                self.admissions.unlisten(key)
             with self._lock:
                 self.parked -= 1
 
@@ -226,34 +235,48 @@ class Gate:
                 self._waiters[turn].remove(future)
             raise
 
-    async def acquire_unless(self, turn: int, halt: asyncio.Event) -> bool:
+    async def acquire_unless(self, turn: int, halt: asyncio.Event, promote: Wake | None = None) -> bool:
         """``acquire``, given up if ``halt`` is set first; True when the slot is held. A
         deleted job leaves the line at once: its finalizer waits for its task, and 1,000
         deleted jobs behind thousands of place rewrites each held a finalizer thread until
-        cancelled (measured: 69 s to delete 1,000 of 10,000 queued)."""
+        cancelled (measured: 69 s to delete 1,000 of 10,000 queued). ``promote``: set while
+        it waits, the waiter moves to the end of the ``WOKEN`` line (a job in line to show a
+        new place that was admitted meanwhile: its GPUs are booked, it must not wait behind
+        a burst of new jobs)."""
         if halt.is_set():
             return False
         if self.free > 0 and not any(self._waiters[t] for t in range(turn + 1)):
             self.free -= 1
             return True
-        got = asyncio.ensure_future(self.acquire(turn))
+        future = asyncio.get_running_loop().create_future()
+        self._waiters[turn].append(future)
         halted = asyncio.ensure_future(halt.wait())
+        promoted = asyncio.ensure_future(promote.wait()) if promote is not None and turn > WOKEN else None
         try:
-            await asyncio.wait({got, halted}, return_when=asyncio.FIRST_COMPLETED)
+            while not future.done():
+                await asyncio.wait({future, halted} | ({promoted} if promoted else set()),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if future.done():
+                    break
+                if halted.done():
+                    self._waiters[turn].remove(future)
+                    return False
+                if promoted is not None and promoted.done():
+                    self._waiters[turn].remove(future)
+                    turn = WOKEN
+                    self._waiters[turn].append(future)
+                    promoted = None
+            return True
         except asyncio.CancelledError:
-            if not got.cancel() and not got.cancelled() and got.exception() is None:
-                self.release()  # it had the slot already: nobody will use it
+            if future.done() and not future.cancelled():
+                self.release()  # handed over as it was cancelled: pass it on
+            elif future in self._waiters[turn]:
+                self._waiters[turn].remove(future)
             raise
         finally:
             halted.cancel()
-        if got.done():
-            return True
-        got.cancel()  # a slot handed over meanwhile is passed on by acquire itself
-        try:
-            await got
-        except asyncio.CancelledError:
-            return False
-        return True
+            if promoted is not None:
+                promoted.cancel()
 
     def release(self) -> None:
         for waiters in self._waiters:
