@@ -109,12 +109,47 @@ class StartingRay(InstantRay):
         self.preempts: list[tuple[str, str, bool]] = []  # (preempt driver, group, whether it asked the ranks)
         self._preempted: set[str] = set()  # job drivers asked to stop for a preemption
         self._preempt_ok: dict[str, bool] = {}  # preempt driver -> whether it found its group
+        self._lost: set[str] = set()  # job drivers whose group lost a rank
+        self.teardowns: list[str] = []  # groups a teardown driver was submitted for, in order
+        self.teardowns_work = True  # False: a teardown driver removes nothing (it failed)
+        self.on_teardown: Callable[[str], None] | None = None  # a test's look at that moment
 
     def up(self, group: str) -> None:
         with self._lock:
             self.groups_up.add(group)
 
+    def lose(self, group: str) -> None:
+        """The group's rank dies: its job's driver ends as lost (ActorDied), the group left behind."""
+        with self._lock:
+            self._lost |= {sid for sid, d in self._drivers.items() if (d.request.get("group") or {}).get("name") == group}
+
+    # -- the State API: a group that is up has its placement group and rank 0 -------------
+
+    def placement_groups(self, name_prefix: str = "", live_only: bool = True, where=None) -> list[dict[str, Any]]:
+        self.calls["placement_groups"] += 1
+        with self._lock:
+            rows = [{"name": f"{g}-pg", "state": "CREATED", "placement_group_id": f"pg-{g}"} for g in self.groups_up]
+        wanted = (where or {}).get("name")
+        return [r for r in rows if r["name"].startswith(name_prefix) and (wanted is None or r["name"] == wanted)]
+
+    def actors(self, name_prefix: str = "", alive_only: bool = True, where=None) -> list[dict[str, Any]]:
+        self.calls["actors"] += 1
+        with self._lock:
+            rows = [{"name": f"{g}-rank0", "state": "ALIVE", "placement_group_id": f"pg-{g}"} for g in self.groups_up]
+        where = where or {}
+        return [r for r in rows if r["name"].startswith(name_prefix)
+                and all(r.get(k) == v for k, v in where.items())]
+
     def submit(self, submission_id, entrypoint, **kwargs) -> bool:
+        if " --teardown " in entrypoint:
+            group = entrypoint.split(" --teardown ", 1)[1].split()[0]
+            self.teardowns.append(group)
+            if self.on_teardown is not None:
+                self.on_teardown(group)
+            if self.teardowns_work:
+                with self._lock:
+                    self.groups_up.discard(group)
+            return super().submit(submission_id, entrypoint, **kwargs)
         if " --preempt " not in entrypoint:
             return super().submit(submission_id, entrypoint, **kwargs)
         group = entrypoint.split(" --preempt ", 1)[1].split()[0]
@@ -130,7 +165,7 @@ class StartingRay(InstantRay):
     def _status(self, driver) -> str:
         if driver.submission_id in self._preempt_ok:
             return "SUCCEEDED" if self._preempt_ok[driver.submission_id] else "FAILED"
-        if driver.submission_id in self._preempted:
+        if driver.submission_id in self._preempted or driver.submission_id in self._lost:
             return "FAILED"
         return super()._status(driver)
 
@@ -140,10 +175,16 @@ class StartingRay(InstantRay):
         with self._lock:
             ok = self._preempt_ok.get(submission_id)
             preempted = submission_id in self._preempted
+            lost = submission_id in self._lost
             driver = self._drivers.get(submission_id)
         if ok is not None:
             return record("result", ok=ok, preempt=True, error=None if ok else {
                 "reason": "GroupNotFound", "stage": "preempt", "message": "the group is not running"}) + "\n"
+        if lost and driver is not None:
+            group = (driver.request.get("group") or {}).get("name")
+            return "\n".join([record("group", name=group, reused=False, world=1, seconds=0.0),
+                              record("result", ok=False, error={"reason": "ActorDied", "stage": "denoise",
+                                                                "message": "rank 0 died", "step": 1})]) + "\n"
         if driver is not None and driver.request and not preempted and self._status(driver) == "RUNNING":
             steps = int((driver.request.get("job") or {}).get("steps") or 0) or 50
             group = (driver.request.get("group") or {}).get("name")

@@ -149,3 +149,39 @@ def test_a_running_job_adopted_after_a_restart_can_still_be_preempted(tmp_path):
         _wait_for("the high job running", lambda: second.admissions.holders().get("ns/high") == "running")
     finally:
         threads.stop()
+
+
+def test_a_lost_attempts_gpus_are_released_only_after_its_group_is_gone(tmp_path):
+    """Issue 36, 6: a lost attempt freed its GPUs in the books first and tore its group down
+    after, so the next job was admitted onto GPUs the old group still held. Now the teardown
+    is confirmed first; a teardown that does not remove the group leaves it to the sweeper."""
+    ray, clock = StartingRay(), ManualClock()
+    controller, jobs, _ = memory_controller(tmp_path, ONE_CPU, ray=ray, max_attempts=1)
+    controller.admissions.clock = clock
+    books_at_teardown: list[str | None] = []
+    ray.on_teardown = lambda group: books_at_teardown.append(controller.admissions.holders().get("ns/low"))
+    threads = _Threads(controller)
+    try:
+        group = _low_running(tmp_path, controller, jobs, clock, threads)
+        ray.up(group)
+        ray.lose(group)
+        _wait_for("the low job failed", lambda: jobs.get("ns", "low")["status"].get("phase") == "Failed")
+        assert ray.teardowns == [group] and group not in ray.groups_up
+        assert books_at_teardown == ["running"], "the GPUs were released before the group's teardown"
+        assert controller.admissions.holders() == {}
+    finally:
+        threads.stop()
+
+
+def test_the_sweeper_reclaims_a_group_the_books_do_not_use_even_when_its_job_lives_on(tmp_path):
+    """Issue 36, 6: a group left by a teardown that failed belongs to a job that is queued
+    again under a new group name: the sweeper kept it for ever (its owner was not finished).
+    Any group the books do not use is reclaimed."""
+    ray = StartingRay()
+    controller, jobs, _ = memory_controller(tmp_path, ONE_CPU, ray=ray)
+    obj = jobs.create({**one_rank("again"), "metadata": {"name": "again", "namespace": "ns"}})
+    jobs.patch_status("ns", "again", {"phase": "Queued", "attempts": [{"number": 1, "result": "Failed"}]})
+    old = f"vj-{obj['metadata']['uid']}-a1"
+    ray.up(old)
+    swept = controller.sweep()
+    assert swept["ownerless"] == [old] and ray.teardowns == [old]

@@ -31,7 +31,7 @@ from ..api import VideoJob
 from ..api.status import ConditionType, Phase, Reason
 from ..raycluster.client import RayUnavailable
 from .context import epoch
-from .groups import teardown_groups
+from .groups import present, teardown_groups
 from .hygiene import after_end
 from .outcome import NOT_OURS, Outcome, attempt_steps, clip, story, success_changes
 from .status import now
@@ -40,6 +40,7 @@ log = logging.getLogger("videojob.controller")
 REQUEUED = "Requeued"
 # A re-queued job tries again after retry_backoff_s, doubled per re-queue, at most this long.
 REQUEUE_BACKOFF_CAP_S = 300.0
+GROUP_GONE_WAIT_S = 30.0  # an ended attempt's group teardown is waited for this long before its GPUs are released
 
 
 PREEMPTED = "Preempted"
@@ -104,17 +105,11 @@ class Endings:
         the next attempt (True) or fail the job with every attempt's story (False)."""
         attempts = self._ended_attempts(attempt, outcome.attempt_result, outcome.reason, outcome.message,
                                         outcome.result)
+        self._remove_group(attempt, plan, outcome)
+        # The GPUs go back to the books only now: freed while the group still held them, the
+        # next job's group waited for Ray's resources (or was refused them) behind it.
         self.ctx.admissions.finish(self.key)
         self._capacity_metrics()
-        group = attempt.get("group")
-        ours = outcome.reason not in NOT_OURS
-        if group and ours and (outcome.result.get("groupKept") or outcome.kind == "lost"):
-            try:  # a failed attempt's group is in an unknown state: it goes (not back to the pool)
-                teardown_groups(self.ctx.ray, [group], self.ctx.launch,
-                                f"attempt {attempt['number']} of {self.key} failed", wait_s=30.0,
-                                world=plan["gpus"])
-            except RayUnavailable as exc:
-                log.warning("%s: could not remove group %s (%s); the sweeper will", self.key, group, exc)
         if outcome.kind == "requeue":
             return self._requeue(stopped, plan, attempt, attempts, outcome)
         if outcome.kind == "preempted":
@@ -181,6 +176,29 @@ class Endings:
                                                             message)}, event_message=message)
         after_end(self)
         return True
+
+    def _remove_group(self, attempt: dict[str, Any], plan: dict[str, Any], outcome: Outcome) -> None:
+        """A failed, lost or preempted attempt's group is gone before its GPUs are released:
+        one it kept, or a lost one, is in an unknown state and is torn down (not back to the
+        pool); a preempted one its driver removed as it stopped, looked at to be sure. A
+        teardown not confirmed in ``GROUP_GONE_WAIT_S`` is left to the sweeper, which
+        reclaims any group the books do not use (``Controller.sweep``)."""
+        group = attempt.get("group")
+        if not group or outcome.reason in NOT_OURS:
+            return
+        why = f"attempt {attempt['number']} of {self.key} {outcome.attempt_result.lower()}"
+        try:
+            if outcome.result.get("groupKept") or outcome.kind in ("lost", "preempted"):
+                if outcome.kind == "preempted" and not outcome.result.get("groupKept") \
+                        and not present(self.ctx.ray, group):
+                    return
+                left = teardown_groups(self.ctx.ray, [group], self.ctx.launch, why, wait_s=GROUP_GONE_WAIT_S,
+                                       world=plan["gpus"])
+                if left:
+                    log.warning("%s: group %s still present %.0f s after its teardown; its GPUs are released "
+                                "and the sweeper removes it", self.key, group, GROUP_GONE_WAIT_S)
+        except RayUnavailable as exc:
+            log.warning("%s: could not remove group %s (%s); the sweeper will", self.key, group, exc)
 
     def _requeue(self, stopped, plan: dict[str, Any], attempt: dict[str, Any], attempts: list[dict[str, Any]],
                  outcome: Outcome) -> bool:

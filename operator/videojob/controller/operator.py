@@ -177,9 +177,12 @@ class Controller:
                 continue
             uid = owner_uid(group)
             phase = live.get(uid) if uid else None
-            # Not in use and its job is gone (or finished without keeping it): nobody will use it again.
-            if (uid is None or phase is None or phase in TERMINAL) and (
-                    not scoped or phase is not None or owner_namespace(ray, group, uid) in scoped):
+            # Not in use by the books: nobody will use it again, whether its job is gone, finished
+            # without keeping it, or queued again under a new group (a failed teardown of its
+            # attempt's group). The books name a group before its driver is submitted
+            # (``Admissions.attach``), so a group being made is in use. A namespace-scoped
+            # operator leaves alone the groups of jobs it does not see and does not watch.
+            if not scoped or phase is not None or owner_namespace(ray, group, uid) in scoped:
                 ownerless.append(group)
         if ownerless:
             teardown_groups(ray, ownerless, launch, "its owner no longer exists")
