@@ -7,8 +7,11 @@ the rules on a counting client: reads per interval, and ids the read lacks.
 from __future__ import annotations
 
 import threading
+import time
 
-from videojob.raycluster.client import RayJob
+import pytest
+
+from videojob.raycluster.client import RayJob, RayUnavailable
 from videojob.raycluster.jobtable import JobTable
 
 
@@ -64,3 +67,44 @@ def test_watchers_at_once_share_one_read():
     for t in threads:
         t.join(10)
     assert seen == ["RUNNING"] * 64 and ray.lists == 1
+
+
+class Down:
+    """Ray unreachable: each read of the table fails after ``read_s`` (the client's tries)."""
+
+    def __init__(self, read_s: float):
+        self.read_s, self.lists = read_s, 0
+
+    def jobs(self):
+        self.lists += 1
+        time.sleep(self.read_s)
+        raise RayUnavailable("cannot reach Ray's dashboard")
+
+    def job(self, sid):
+        raise AssertionError("no single lookup while the table's read fails")
+
+
+def test_an_outage_is_learned_by_every_watcher_from_one_failed_read():
+    """Issue 36, 7: the lock was held across a failing read that was not kept, so the watchers
+    behind it each read again in turn: the eighth learned of the outage eight reads late."""
+    ray = Down(read_s=0.4)
+    table = JobTable(ray, max_age_s=5.0)
+    learned: list[float] = []
+    start = time.monotonic()
+
+    def watch(i: int) -> None:
+        try:
+            table.job(f"sid-{i}")
+        except RayUnavailable:
+            learned.append(time.monotonic() - start)
+
+    threads = [threading.Thread(target=watch, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(learned) == 8 and ray.lists == 1 and table.failed_reads == 1
+    assert max(learned) < 2 * ray.read_s, f"the last watcher learned of it after {max(learned):.1f} s"
+    with pytest.raises(RayUnavailable):
+        table.job("sid-later")  # within max_age: the same answer, no read
+    assert ray.lists == 1
