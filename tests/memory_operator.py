@@ -4,7 +4,7 @@
 over a dict, with what the operator relies on of the API server: JSON merge patches of
 the status, resourceVersions (a patch with ``expect`` is refused with Conflict when the
 object changed), uids (a patch whose ``metadata.uid`` is not the object's is refused, as
-the API server refuses a precondition that fails), and Gone for an object that is not
+the API server refuses a precondition that fails: Gone, as VideoJobs raises it), and Gone for an object that is not
 there. Ray is ``benchmarks/fake_ray.InstantRay``. The books (``Admissions``), the job
 lifecycles and the scheduler are the product's; only the two services are stand-ins, so
 a test of the books' races runs in milliseconds and can stop a thread at any line.
@@ -88,8 +88,8 @@ class MemoryJobs:
                 raise Gone(f"{namespace}/{name}")
             if expect is not None and obj["metadata"]["resourceVersion"] != expect:
                 raise Conflict(f"{namespace}/{name} changed since resourceVersion {expect}")
-            if uid is not None and obj["metadata"]["uid"] != uid:
-                raise Conflict(f"{namespace}/{name}: precondition failed, uid {uid} is not the object's")
+            if uid is not None and obj["metadata"]["uid"] != uid:  # the API server's 409, as VideoJobs raises it
+                raise Gone(f"{namespace}/{name} (uid {uid}): another object of that name now")
             obj["status"] = merged(obj.get("status") or {}, status)
             obj["metadata"]["resourceVersion"] = str(next(self._versions))
             self.patches.append((namespace, name, copy.deepcopy(status)))

@@ -185,3 +185,21 @@ def test_the_sweeper_reclaims_a_group_the_books_do_not_use_even_when_its_job_liv
     ray.up(old)
     swept = controller.sweep()
     assert swept["ownerless"] == [old] and ray.teardowns == [old]
+
+
+def test_a_deleted_jobs_lifecycle_cannot_write_to_a_job_made_again_under_its_name(tmp_path):
+    """Issue 36, 8: the old thread's books and status went by namespace and name; its status
+    writes carry its job's uid now, and its reads refuse another object of that name."""
+    from videojob.controller.kube import Gone
+
+    controller, jobs, _ = memory_controller(tmp_path, ONE_CPU)
+    name, old_uid = _job(jobs, "namesake")
+    old = controller.lifecycle("ns", name, old_uid)
+    old.book.load()
+    jobs.remove("ns", name)
+    _job(jobs, "namesake")  # made again: another uid
+    with pytest.raises(Gone):
+        old.book.update({"message": "written by the deleted job's thread"})
+    with pytest.raises(Gone):
+        old.book.load()
+    assert "message" not in (jobs.get("ns", name).get("status") or {})

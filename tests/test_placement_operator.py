@@ -223,8 +223,8 @@ class Run:
         run = self
 
         class RecordingJobs(VideoJobs):
-            def patch_status(self, ns, name, status, expect=None):
-                obj = super().patch_status(ns, name, status, expect)
+            def patch_status(self, ns, name, status, expect=None, uid=None):
+                obj = super().patch_status(ns, name, status, expect, uid)
                 run.patches.append((status, run.controller.admissions.snapshot()))
                 return obj
 

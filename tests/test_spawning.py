@@ -186,3 +186,50 @@ def test_kopfs_per_event_success_line_is_dropped_and_others_kept(caplog):
         assert messages == ["Handler 'finalize' succeeded.", f"Handler {EVENT_HANDLER_ID!r} failed with an exception"]
     finally:
         logging.getLogger("kopf.objects").removeFilter(quiet)
+
+
+def test_the_finalizer_waits_for_the_lifecycle_thread_not_only_its_task():
+    """Issue 36, 8: cancelling the task cancelled its await of the lifecycle's thread, not the
+    thread: the finalizer completed while the thread went on writing books and status (by
+    namespace and name: a job made again under the same name got them). The task, and so the
+    finalizer's wait, now ends when the thread has."""
+    import threading
+    import time
+
+    from videojob.controller.admission import Admissions
+    from videojob.controller.runner import JobRunner
+    from videojob.inventory import parse_inventory
+
+    class Busy:
+        """A lifecycle whose thread is in the middle of a slow write when it is stopped."""
+
+        key, on_admitted = "ns/a", None
+
+        def __init__(self):
+            self.started, self.ended_at = threading.Event(), None
+
+        def run(self, stopped, park=False):
+            self.started.set()
+            time.sleep(1.0)  # a status write that takes a while: it does not look at `stopped`
+            self.ended_at = time.monotonic()
+            return False
+
+    inventory = parse_inventory({"device": "cpu", "classes": [
+        {"name": "c", "gpusPerPod": 1, "maxPods": 1, "gpuMemory": "8Gi", "hostMemory": "16Gi", "gpuType": "generic"}]})
+    runner = JobRunner(Admissions(inventory, 0), threads=2, poll_interval_s=0.05, place_interval_s=0.05)
+    lifecycle = Busy()
+
+    async def body():
+        spawner = Spawner(lambda ns, name, uid, stopped: runner.run(lifecycle, stopped), grace_s=0.1)
+        spawner.notice("ns", "a", "u1", wanted=True, deleting=False, gone=False)
+        assert await asyncio.to_thread(lifecycle.started.wait, 5)
+        assert await asyncio.to_thread(spawner.wait_stopped, "ns", "a", "u1", 10.0) is True
+        returned = time.monotonic()
+        assert lifecycle.ended_at is not None and lifecycle.ended_at <= returned, \
+            "the finalizer went on while the job's thread still ran"
+        await spawner.close()
+
+    try:
+        run(body())
+    finally:
+        runner.stop()

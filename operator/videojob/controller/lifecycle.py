@@ -71,7 +71,7 @@ class JobLifecycle(Queueing, KueueQueueing, Attempts, Watching, Endings, Deletio
         self.key = f"{namespace}/{name}"
         self.deleting = SharedFlag(DELETIONS)  # set by the finalizer; looked at, never waited on
         self.submit_lock = threading.Lock()
-        self.book = StatusBook(ctx.jobs, namespace, name, on_phase=self._phase_event)
+        self.book = StatusBook(ctx.jobs, namespace, name, on_phase=self._phase_event, uid=uid)
         self.annotations: dict[str, str] = {}
         self._unwritten_plan: tuple[dict[str, Any], str] | None = None
         self._ray_was_down = False

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import contextvars
 import logging
 import threading
@@ -120,8 +121,8 @@ class JobRunner:
                 try:
                     # In a copy of this coroutine's context: kopf.event (the phase events) finds
                     # kopf's posting queue through context variables, as in kopf's own executor.
-                    parked = await loop.run_in_executor(self.pool, contextvars.copy_context().run, lifecycle.run,
-                                                        flag, True)
+                    parked = await _until_the_thread_ends(loop.run_in_executor(
+                        self.pool, contextvars.copy_context().run, lifecycle.run, flag, True), flag)
                 finally:
                     lifecycle.on_admitted = None
                     release()
@@ -204,6 +205,21 @@ class JobRunner:
 
     def stop(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _until_the_thread_ends(work: asyncio.Future, flag: SharedFlag):
+    """The lifecycle thread's result. Cancelled (the finalizer's grace is over, or the operator
+    exits), the task still ends only when the thread has: a cancelled await is not a stopped
+    thread, and one that went on writing books and status after its finalizer completed could
+    write them for a job made again under the same name (issue 36). The flag makes the thread
+    stop at its next look; a second cancel gives up waiting."""
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        flag.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({work})
+        raise
 
 
 WOKEN, NEW, MOVED = 0, 1, 2  # the gate's turns, first served first: an admitted job, a new one, a place to show

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from ..api.status import ConditionType, Phase, Reason
-from .kube import Conflict, VideoJobs
+from .kube import Conflict, Gone, VideoJobs
 from .outcome import clip
 
 
@@ -36,8 +36,9 @@ def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
 
 class StatusBook:
     def __init__(self, jobs: VideoJobs, namespace: str, name: str,
-                 on_phase: Callable[[str, str, str], None] | None = None):
+                 on_phase: Callable[[str, str, str], None] | None = None, uid: str | None = None):
         self.jobs, self.namespace, self.name = jobs, namespace, name
+        self.uid = uid  # every write is to this object only (a job made again under the name is another)
         self.on_phase = on_phase
         self.status: dict[str, Any] = {}
         self.resource_version: str | None = None
@@ -46,6 +47,8 @@ class StatusBook:
 
     def load(self) -> dict[str, Any]:
         obj = self.jobs.get(self.namespace, self.name)
+        if self.uid is not None and obj["metadata"].get("uid") not in (None, self.uid):
+            raise Gone(f"{self.namespace}/{self.name} (uid {self.uid}): another object of that name now")
         self.status = obj.get("status") or {}
         self.resource_version = obj["metadata"].get("resourceVersion")
         self.generation = obj["metadata"].get("generation")
@@ -84,7 +87,7 @@ class StatusBook:
         patch = {k: v for k, v in changes.items() if self.status.get(k) != v}
         try:
             obj = self.jobs.patch_status(self.namespace, self.name, patch,
-                                         expect=self.resource_version if expect else None)
+                                         expect=self.resource_version if expect else None, uid=self.uid)
         except Conflict:
             raise
         self.status = obj.get("status") or target
