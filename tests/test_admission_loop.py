@@ -385,6 +385,7 @@ def test_the_books_preempt_for_a_higher_priority_and_let_idle_groups_expire(capl
     admission = books.request(high)[0]
     assert admission is not None and admission.evict == ("g-low",), admission
     assert books.forget_group("g-low") is False, "an evicted group is no longer idle in the books"
+    assert "g-low" not in books._models, "issue 36, 9: an evicted group's model was kept for ever"
     books.finish("ns/high", keep_group="g-high", model="m-high")
     assert set(books.idle_groups()) == {"g-high"}
     now[0] += 29.0

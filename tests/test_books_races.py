@@ -203,3 +203,34 @@ def test_a_deleted_jobs_lifecycle_cannot_write_to_a_job_made_again_under_its_nam
     with pytest.raises(Gone):
         old.book.load()
     assert "message" not in (jobs.get("ns", name).get("status") or {})
+
+
+def test_a_failure_the_lifecycle_does_not_handle_is_said_in_the_jobs_status(tmp_path):
+    """Issue 36, 9: a permanent error (403 on Workloads, any exception in the job's task) was
+    retried for ever with nothing in the job's status; now the status says what and that it is
+    tried again, with a backoff that doubles up to a cap."""
+    import asyncio
+
+    from kubernetes.client.rest import ApiException
+
+    from videojob.controller.spawning import BACKOFF_CAP_S, StopFlag
+
+    controller, jobs, _ = memory_controller(tmp_path, ONE_CPU)
+    name, uid = _job(jobs, "forbidden")
+
+    def refused(ask, pass_now=True):
+        raise ApiException(status=403, reason="Forbidden")
+
+    controller.admissions.request = refused
+
+    async def run_once():
+        await controller.run_job("ns", name, uid, StopFlag())
+
+    with pytest.raises(ApiException):
+        asyncio.run(run_once())
+    condition = next(c for c in jobs.get("ns", name)["status"]["conditions"] if c["type"] == "Admitted")
+    assert condition["reason"] == "OperatorError" and "ServiceAccount lacks a permission" in condition["message"]
+    spawner = controller.spawner
+    assert [spawner.retry_in(n) for n in (1, 2, 3)] == [spawner.backoff_s, 2 * spawner.backoff_s,
+                                                         4 * spawner.backoff_s]
+    assert spawner.retry_in(50) == BACKOFF_CAP_S

@@ -64,6 +64,7 @@ class Reason(str, Enum):
     SUBMISSION_REFUSED = "SubmissionRefused"  # Ray's Jobs API refused the driver for good (a 4xx): not retried
     KUEUE_PENDING = "KueuePending"  # kueue mode: the attempt's Workload waits for Kueue (its message says why)
     KUEUE_EVICTED = "KueueEvicted"  # kueue mode: Kueue evicted or preempted the Workload: stopped, queued again
+    OPERATOR_ERROR = "OperatorError"  # the operator failed handling the job (e.g. RBAC it lacks): tried again
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]

@@ -80,6 +80,8 @@ class Admissions:
         self._dirty, self._last_pass = False, now
         for admission in self.scheduler.schedule(now):
             self._granted[admission.key] = admission
+            for group in (*admission.evict, admission.reuse):  # no longer idle: not in the pool metrics
+                self._models.pop(group, None)
             wake = self._listeners.pop(admission.key, None)
             if wake is not None:
                 wake()

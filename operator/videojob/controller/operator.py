@@ -9,6 +9,7 @@ past their TTL, and groups whose owner no longer exists, are torn down.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..api.common import API_GROUP, API_VERSION, KIND
+from ..api.status import ConditionType, Reason
 from ..health import ADMISSIONS, SWEEPER, Health
 from ..inventory import load_inventory
 from ..metrics import Metrics, serve
@@ -29,6 +31,7 @@ from .admission import Admissions, pool_key
 from .groups import groups_in_ray, owner_uid, teardown_groups
 from .hygiene import owner_namespace, prune
 from .lifecycle import TERMINAL, Context, JobLifecycle
+from .outcome import clip
 from .runner import JobRunner, admission_loop
 from .spawning import Spawner, StopFlag
 
@@ -244,8 +247,16 @@ class Controller:
             return current
 
     async def run_job(self, namespace: str, name: str, uid: str, stopped: StopFlag) -> None:
-        """A job's task (spawning.py): its lifecycle on the job runner until it ends or is stopped."""
-        await self.runner.run(self.lifecycle(namespace, name, uid), stopped)
+        """A job's task (spawning.py): its lifecycle on the job runner until it ends or is stopped.
+        A failure the lifecycle does not handle (a 403 from RBAC the operator lacks, a bug) is
+        said in the job's status before the spawner runs it again: it was only in the log."""
+        lifecycle = self.lifecycle(namespace, name, uid)
+        try:
+            await self.runner.run(lifecycle, stopped)
+        except Exception as exc:
+            await asyncio.get_running_loop().run_in_executor(None, show_operator_error, lifecycle, exc,
+                                                             self.spawner.retry_in(1))
+            raise
         if not stopped:  # the job ended (a stopped one is the finalizer's, which drops it)
             self.forget(namespace, name, uid)
 
@@ -308,6 +319,23 @@ def sweep_view(obj: dict[str, Any], ttl_s: int, clock: float) -> tuple[str, str,
     """What the sweep needs of a job: (uid, phase, its expiry if due)."""
     due = expiry.due([obj], ttl_s, clock)
     return obj["metadata"]["uid"], (obj.get("status") or {}).get("phase", "Pending"), (due[0] if due else None)
+
+
+def show_operator_error(lifecycle: JobLifecycle, exc: Exception, retry_s: float) -> None:
+    """The job's status says what the operator could not do, and that it tries again."""
+    status = getattr(exc, "status", None)
+    if status in (401, 403):
+        what = (f"the Kubernetes API refused the operator ({status} {getattr(exc, 'reason', '')}): its "
+                "ServiceAccount lacks a permission (the chart's ClusterRole, or Kueue's resources in kueue "
+                f"mode); {clip(str(getattr(exc, 'body', '') or exc), 300)}")
+    else:
+        what = f"{type(exc).__name__}: {clip(str(exc), 400)}"
+    message = f"the operator could not handle this job: {what}; it tries again (first in {retry_s:g} s)"
+    try:
+        lifecycle.book.update({"message": message, "conditions": lifecycle.book.condition(
+            ConditionType.ADMITTED, "Unknown", Reason.OPERATOR_ERROR, message)})
+    except Exception:  # noqa: BLE001 - the write is refused too (the same RBAC): the log says it
+        log.warning("%s: could not write the operator's error to its status", lifecycle.key, exc_info=True)
 
 
 def _no_event(*_args) -> None:

@@ -15,7 +15,8 @@ What kopf's daemons did and this keeps:
 - a stop flag set when the job's deletion begins, and at the operator's exit;
   the finalizer (``wait_stopped``) holds the deletion until the task ended,
   cancelling it after a grace period, as kopf's ``cancellation_timeout``;
-- a task that raised is run again after ``backoff_s`` (kopf's ``backoff``).
+- a task that raised is run again after ``backoff_s`` (kopf's ``backoff``), doubled for
+  each failure in a row, at most ``BACKOFF_CAP_S``; the job's status says why (``Controller.run_job``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class _Task:
     ended: SharedFlag = field(default_factory=SharedFlag)  # the finalizer's thread waits on it (flags.py)
 
 
+BACKOFF_CAP_S = 300.0  # the longest wait between two runs of a job whose lifecycle keeps failing
 RunJob = Callable[[str, str, str, StopFlag], Awaitable[None]]  # (namespace, name, uid, stopped)
 
 
@@ -107,8 +109,15 @@ class Spawner:
         entry.task = asyncio.create_task(self._run(namespace, name, entry), name=f"videojob-{key}")
         self._tasks[key] = entry
 
+    def retry_in(self, failures: int) -> float:
+        """Seconds before the next run after ``failures`` failed runs in a row: ``backoff_s``,
+        doubled each time, at most ``BACKOFF_CAP_S`` (an error that lasts, such as RBAC the
+        operator lacks, is tried again until it is fixed, without a log line every few seconds)."""
+        return min(BACKOFF_CAP_S, self.backoff_s * 2 ** max(0, failures - 1))
+
     async def _run(self, namespace: str, name: str, entry: _Task) -> None:
         key = f"{namespace}/{name}"
+        failures = 0
         try:
             while True:
                 try:
@@ -117,9 +126,10 @@ class Spawner:
                 except asyncio.CancelledError:
                     raise
                 except Exception:  # noqa: BLE001 - as kopf did for a daemon: logged, run again after a backoff
-                    log.exception("%s: the job's lifecycle failed; again in %g s", key, self.backoff_s)
+                    failures += 1
+                    log.exception("%s: the job's lifecycle failed; again in %g s", key, self.retry_in(failures))
                     try:
-                        await asyncio.wait_for(entry.flag.wait(), timeout=self.backoff_s)
+                        await asyncio.wait_for(entry.flag.wait(), timeout=self.retry_in(failures))
                         break  # stopped meanwhile
                     except asyncio.TimeoutError:
                         continue
