@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import http.server
+import ipaddress
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ from videojob.driver_protocol import REQUEST_ENV, DriverRequest, GroupRequest, d
 from videojob.redaction import redact_url
 from videojob.settings import RunSettings
 from videojob_runtime.errors import JobFailure
+from videojob_runtime.fetch import is_public
 from videojob_runtime.inputs import fetch_https, staged_inputs
 from videojob_runtime.request import JobRequest
 
@@ -418,3 +420,64 @@ def test_forget_request_env_drops_it_from_the_job_config(monkeypatch):
     assert json.loads(os.environ[JOB_CONFIG_ENV]) == {"runtime_env": {"env_vars": {"KEEP": "1"}, "pip": ["x"]},
                                                       "metadata": {"a": "b"}}
 
+
+
+# -- issue 36, 15 ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("address", ["64:ff9b::a9fe:a9fe", "64:ff9b:1::a00:1", "2002:a00:1::1", "::ffff:127.0.0.1",
+                                     "::a00:1"])
+def test_ipv6_forms_of_a_private_ipv4_address_are_not_public(address):
+    """NAT64 (64:ff9b::/96 and the local 64:ff9b:1::/48), 6to4 and IPv4-mapped or -compatible
+    addresses reach the IPv4 address they carry (169.254.169.254, 10.0.0.1, 127.0.0.1 here);
+    they passed `is_public`."""
+    assert not is_public(ipaddress.ip_address(address))
+
+
+def test_a_public_ipv4_address_through_nat64_stays_public():
+    assert is_public(ipaddress.ip_address("64:ff9b::808:808")) and is_public(ipaddress.ip_address("2606:4700::1111"))
+
+
+def test_a_resolver_that_never_answers_is_bounded_by_the_fetch_deadline(tmp_path):
+    """The name was resolved outside the deadline: a DNS server that never answers held the
+    input for the resolver's own timeouts (minutes), whatever VIDEOJOB_INPUT_FETCH_DEADLINE_S said."""
+    release = threading.Event()
+
+    def hangs(host, port, *args, **kwargs):
+        release.wait(60)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    settings = RunSettings(input_fetch_timeout_s=0.5, input_fetch_deadline_s=0.5,
+                           input_staging_root=str(tmp_path / "staging"))
+    start = time.monotonic()
+    try:
+        with pytest.raises(JobFailure, match="took longer than 0.5 s to download"):
+            fetch_https("https://images.test/face.png", tmp_path / "copy", "spec.image", settings, resolver=hangs)
+    finally:
+        release.set()
+    assert time.monotonic() - start < 5.0 and not (tmp_path / "copy").exists()
+
+
+@pytest.mark.parametrize("uri", ["https://images.test:65536/face.png", "https://images.test:0/face.png",
+                                 "https://[2606:4700::1111]:99999/face.png"])
+def test_a_port_past_65535_is_refused_naming_the_field(uri):
+    """It passed the URI rule and failed later, in the runtime, without naming the field."""
+    from videojob.api.uris import uri_problem
+
+    assert uri_problem(uri, "input") == "https:// takes a :port from 1 to 65535 after the host (or none: 443)"
+
+
+def test_the_lookalike_tables_hold_every_character_the_unicode_tables_name():
+    """Generated from unicodedata (NFKC forms holding '/', '\\' or '.'; invisible categories):
+    U+FE30 and U+FE19 fold to '..' and '...', U+2100 to 'a/c'; the hand-made list missed them."""
+    from videojob.api import uris
+
+    folding, invisible = uris.lookalike_ranges()
+
+    def codes(ranges):
+        return {c for a, b in ranges for c in range(a, b + 1)}
+
+    assert codes(folding) <= codes(uris._FOLDING_RANGES), "run lookalike_ranges() and update the table"
+    assert codes(invisible) <= codes(uris._INVISIBLE_RANGES), "run lookalike_ranges() and update the table"
+    for ch in "\ufe30\ufe19\u2100\u2101\u2105\u2106":
+        assert uris.uri_problem(f"local://a{ch}b/x", "output") is not None, f"U+{ord(ch):04X} passed"

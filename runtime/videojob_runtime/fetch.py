@@ -43,8 +43,30 @@ Resolver = Callable[..., list]
 Address = tuple[int, tuple]  # (family, sockaddr) as getaddrinfo answers it
 
 
+NAT64_PREFIXES = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one carries, where a network routes it there: IPv4-mapped
+    (::ffff:a.b.c.d), 6to4 (2002:a.b.c.d::), NAT64 (64:ff9b::a.b.c.d and the local-use
+    64:ff9b:1::/48) and the deprecated IPv4-compatible ::a.b.c.d."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if any(address in net for net in NAT64_PREFIXES) or (int(address) >> 32 == 0 and int(address) > 1):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
 def is_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Not loopback, private, link-local (169.254.169.254), multicast or reserved."""
+    """Not loopback, private, link-local (169.254.169.254), multicast or reserved; for an
+    IPv6 address that carries an IPv4 one (NAT64, 6to4, mapped), that one too: 64:ff9b::a9fe:a9fe
+    reaches 169.254.169.254 through a NAT64 gateway."""
+    if isinstance(address, ipaddress.IPv6Address):
+        inner = embedded_ipv4(address)
+        if inner is not None and not is_public(inner):
+            return False
     return address.is_global and not address.is_multicast
 
 
@@ -120,13 +142,36 @@ class _PinnedConnection(http.client.HTTPSConnection):
         self.watchdog = None
 
 
+def _resolve_within(resolver: Resolver, host: str | None, port: int, deadline: _Deadline) -> list:
+    """``resolver``'s answer, given up when the input's deadline passes first (TimeoutError): a
+    resolver that hangs (a DNS server that never answers) counted for nothing before."""
+    answer: dict = {}
+
+    def resolve() -> None:
+        try:
+            answer["infos"] = resolver(host, port, proto=socket.IPPROTO_TCP)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            answer["error"] = exc
+
+    thread = threading.Thread(target=resolve, name="videojob-resolve", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline.left()))
+    if thread.is_alive():
+        raise TimeoutError(f"resolving {host} took longer than the deadline")
+    if "error" in answer:
+        raise answer["error"]
+    return answer["infos"]
+
+
 def _checked_addresses(uri: str, field: str, settings: RunSettings, resolver: Resolver,
-                       address_allowed: Callable[[ipaddress.IPv4Address | ipaddress.IPv6Address], bool]
-                       ) -> list[Address]:
+                       address_allowed: Callable[[ipaddress.IPv4Address | ipaddress.IPv6Address], bool],
+                       deadline: _Deadline) -> list[Address]:
     """The addresses of ``uri``'s host, resolved once, each one checked."""
     parsed = urllib.parse.urlsplit(uri)
     try:
-        infos = resolver(parsed.hostname, parsed.port or 443, proto=socket.IPPROTO_TCP)
+        infos = _resolve_within(resolver, parsed.hostname, parsed.port or 443, deadline)
+    except TimeoutError:
+        raise _late(field, uri, deadline) from None
     except OSError as exc:
         raise JobFailure(f"{field}: {redact_url(uri)}: host {parsed.hostname} does not resolve ({exc})",
                          stage="inputs", field=field) from None
@@ -172,7 +217,7 @@ def _open(uri: str, field: str, settings: RunSettings, deadline: _Deadline, reso
     context = ssl.create_default_context(cafile=settings.input_ca_bundle)
     first = uri
     for _hop in range(MAX_REDIRECTS + 1):
-        addresses = _checked_addresses(uri, field, settings, resolver, address_allowed)
+        addresses = _checked_addresses(uri, field, settings, resolver, address_allowed, deadline)
         parsed = urllib.parse.urlsplit(uri)
         conn = _PinnedConnection(parsed.hostname, parsed.port or 443, addresses, context,
                                  settings.input_fetch_timeout_s, deadline)

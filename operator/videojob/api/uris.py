@@ -53,14 +53,59 @@ MAX_URI_LENGTH = 1024
 _PATH_SCHEMES = r"^(pvc|local|s3)://"
 # Unicode characters that are invisible (zero-width, bidi controls, BOM), that
 # are spaces other than ' ', or that look like or NFKC-fold to '/', '\' or '.'
-# (U+2024 ONE DOT LEADER folds to '.', U+2025 to '..', U+FF0F to '/'). Listed
-# as characters, not escapes: CEL gets them as \\uXXXX in its string literal.
+# (U+2024 ONE DOT LEADER folds to '.', U+FE30 to '..', U+2100 to 'a/c'). The
+# folding and the invisible ones are generated from the Unicode tables
+# (``lookalike_ranges``: NFKC forms holding '/', '\' or '.'; categories Cf, Zs,
+# Zl, Zp) and kept here as ranges (unicodedata 14.0.0, Python 3.11), so the
+# CRD does not change with the Python that writes it; tests/test_uris.py fails
+# when the running Python's tables name a character they lack. The rest look
+# alike without folding, listed by hand. Listed as characters, not escapes: CEL
+# gets them as \\uXXXX in its string literal.
+_FOLDING_RANGES = ((0x2024, 0x2026), (0x2100, 0x2101), (0x2105, 0x2106), (0x2488, 0x249B), (0x33C2, 0x33C2),
+                   (0x33C7, 0x33C7), (0x33D8, 0x33D8), (0xFE19, 0xFE19), (0xFE30, 0xFE30), (0xFE52, 0xFE52),
+                   (0xFE68, 0xFE68), (0xFF0E, 0xFF0F), (0xFF3C, 0xFF3C), (0x1F100, 0x1F100))
+_INVISIBLE_RANGES = ((0x00A0, 0x00A0), (0x00AD, 0x00AD), (0x0600, 0x0605), (0x061C, 0x061C), (0x06DD, 0x06DD),
+                     (0x070F, 0x070F), (0x0890, 0x0891), (0x08E2, 0x08E2), (0x1680, 0x1680), (0x180E, 0x180E),
+                     (0x2000, 0x200F), (0x2028, 0x202F), (0x205F, 0x2064), (0x2066, 0x206F), (0x3000, 0x3000),
+                     (0xFEFF, 0xFEFF), (0xFFF9, 0xFFFB), (0x110BD, 0x110BD), (0x110CD, 0x110CD),
+                     (0x13430, 0x13438), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0001, 0xE0001),
+                     (0xE0020, 0xE007F))
+
+
+def lookalike_ranges() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(characters whose NFKC form holds '/', '\\' or '.'; invisible ones: Cf, Zs but ' ', Zl,
+    Zp) as ranges, from the running Python's Unicode tables: what the two tables above hold."""
+    import unicodedata
+
+    def ranges(codes: list[int]) -> list[tuple[int, int]]:
+        out: list[list[int]] = []
+        for code in codes:
+            if out and out[-1][1] == code - 1:
+                out[-1][1] = code
+            else:
+                out.append([code, code])
+        return [(a, b) for a, b in out]
+
+    folding, invisible = [], []
+    for code in range(0x80, 0x110000):
+        ch = chr(code)
+        folded = unicodedata.normalize("NFKC", ch)
+        if folded != ch and any(c in folded for c in "/\\."):
+            folding.append(code)
+        if unicodedata.category(ch) in ("Cf", "Zs", "Zl", "Zp"):
+            invisible.append(code)
+    return ranges(folding), ranges(invisible)
+
+
+def _char_class(ranges: tuple[tuple[int, int], ...]) -> str:
+    return "".join(chr(a) if a == b else f"{chr(a)}-{chr(b)}" for a, b in ranges)
+
+
 _LOOKALIKES = (
-    "\u00a0\u00ad\u034f\u061c\u115f\u1160\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u206f\u3000\u3164"
-    "\ufe00-\ufe0f\ufeff\uffa0\ufff9-\ufffb"
-    "\u2024\u2025\u2026\ufe52\uff0e"  # dots
-    "\u2044\u2215\u29f8\ufe68\uff0f"  # slashes
-    "\u2216\u29f5\u29f9\uff3c"  # backslashes
+    _char_class(_FOLDING_RANGES) + _char_class(_INVISIBLE_RANGES)
+    + "\u034f\u115f\u1160\u3164\ufe00-\ufe0f\uffa0"  # invisible, neither Cf nor a space: CGJ, fillers, VS
+    + "\u2044\u2215\u29f8"  # look like '/' without folding to it
+    + "\u2216\u29f5\u29f9"  # look like a backslash
 )
 
 
@@ -179,6 +224,12 @@ _HTTPS_NO_SECRET_QUERY = _forbid(
     "key= and the like): the uri reaches the driver's request, Ray's job table and logs, and anyone who can "
     "read the job; put the image on a volume (pvc://) or at an address that needs no secret",
 )
+_HTTPS_PORT = _require(
+    r"^https://([^/?#:\[]*|\[[^/?#\]]*\])(:0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|"
+    r"655[0-2][0-9]|6553[0-5]))?([/?#]|$)",
+    "https:// takes a :port from 1 to 65535 after the host (or none: 443)",
+    only_for="https://",
+)
 _HTTPS_FORM = _require(
     r"^https://([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?([/?#][^ ]*)?$",
     "https:// must be followed by a host name, an optional :port and a path with no spaces "
@@ -193,7 +244,7 @@ _CONTAINED = (_NO_CONTROL, _NO_LOOKALIKE, _NO_BACKSLASH, _NO_PERCENT, _NO_EMPTY_
 URI_RULES: dict[str, tuple[Cel, ...]] = {
     "output": (_schemes_rule(("pvc", "local", "s3")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED),
     "input": (_NO_HTTP, _schemes_rule(("pvc", "local", "https", "s3")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED,
-              _HTTPS_NO_USERINFO, _HTTPS_NO_SECRET_QUERY, _HTTPS_FORM),
+              _HTTPS_NO_USERINFO, _HTTPS_NO_SECRET_QUERY, _HTTPS_FORM, _HTTPS_PORT),
     "source": (_schemes_rule(("hf", "pvc", "local", "s3")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED, _HF_ID),
 }
 
