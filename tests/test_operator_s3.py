@@ -53,10 +53,12 @@ def bucket(server):
 
 
 @pytest.fixture(scope="module")
-def ray_head(server, tmp_path_factory):
-    """A Ray head whose drivers use the store: the chart sets the same VIDEOJOB_S3_* on Ray pods."""
+def ray_head(server, bucket, tmp_path_factory):
+    """A Ray head whose drivers use the store: the chart sets the same VIDEOJOB_S3_* on Ray pods,
+    the buckets tenants' jobs may name among them (one listed that does not exist: a case below)."""
     base = tmp_path_factory.mktemp("operator-s3")
     env = {**server.env(), "VIDEOJOB_OUTPUT_ROOT": str(base / "outputs"), "OMP_NUM_THREADS": "1",
+           "VIDEOJOB_S3_BUCKETS": f"{bucket[1]},{bucket[1]}-gone",
            "VIDEOJOB_S3_CACHE_ROOT": str(base / "s3-cache"), "VIDEOJOB_S3_PRESIGN_EXPIRY_S": str(PRESIGN_S)}
     with RayHead(num_cpus=2, dashboard=True, env=env) as head:
         yield head

@@ -48,10 +48,10 @@ def store(server, monkeypatch, tmp_path):
     for key, value in server.env().items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("VIDEOJOB_S3_CACHE_ROOT", str(tmp_path / "cache"))
-    monkeypatch.delenv("VIDEOJOB_S3_BUCKETS", raising=False)
+    bucket = f"b-{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv("VIDEOJOB_S3_BUCKETS", bucket)  # the admin's list: tenants' jobs may name it
     settings = S3Settings()
     client = s3store.client(settings)
-    bucket = f"b-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=bucket)
     return client, bucket, settings
 
@@ -91,13 +91,29 @@ def test_hostile_s3_spellings_are_refused_with_the_rule(uri, says):
 
 
 def test_a_job_s_keys_are_under_its_namespace_and_the_bucket_list_is_kept():
-    where = s3store.locate("s3://videos/clips/a", "output", "spec.output.uri", "team-a", S3Settings())
+    listed = S3Settings(buckets="videos")
+    where = s3store.locate("s3://videos/clips/a", "output", "spec.output.uri", "team-a", listed)
     assert (where.bucket, where.key) == ("videos", "team-a/clips/a")
-    assert s3store.locate("s3://videos", "output", "spec.output.uri", "team-a", S3Settings()).key == "team-a/"
+    assert s3store.locate("s3://videos", "output", "spec.output.uri", "team-a", listed).key == "team-a/"
     with pytest.raises(JobFailure, match="spec.image: 's3://private/x.png': bucket private is not one"):
         s3store.locate("s3://private/x.png", "input", "spec.image", "team-a", S3Settings(buckets="videos,models"))
     with pytest.raises(JobFailure, match="spec.image: 's3://videos/../x' must not contain"):
         s3store.locate("s3://videos/../x", "input", "spec.image", None, S3Settings())
+
+
+def test_a_tenants_job_may_use_no_bucket_until_the_admin_lists_them():
+    """Issue 36, 12: with no list, any namespace could write and delete its keys in every bucket
+    the admin's credentials reach. `videojob run` on one's own machine (no namespace) still may."""
+    with pytest.raises(JobFailure, match="spec.output.uri: 's3://videos/v': s3:// is refused until the cluster "
+                                         "admin lists the buckets jobs may use"):
+        s3store.locate("s3://videos/v", "output", "spec.output.uri", "team-a", S3Settings())
+    assert s3store.locate("s3://videos/v", "output", "spec.output.uri", None, S3Settings()).key == "v"
+
+
+def test_a_bucket_named_like_an_ip_address_is_refused():
+    for kind in ("output", "input", "source"):
+        assert "shaped like an IP address" in uri_problem("s3://192.168.0.1/x", kind)
+    assert uri_problem("s3://videos-192.168.0.1/x", "output") is None
 
 
 # -- uploads ------------------------------------------------------------------------------------------
@@ -173,6 +189,26 @@ class _Counting:
 
     def __getattr__(self, name):
         return getattr(self.client, name)
+
+
+def test_a_cache_hit_is_checked_not_trusted_on_its_size(store):
+    """Issue 36, 11: a cached input was trusted on its size alone and a cached model on its
+    marker alone: bytes of the same size planted (or damaged) in the cache were used."""
+    client, bucket, settings = store
+    payload = os.urandom(4096)
+    client.put_object(Bucket=bucket, Key="team-a/in/face.png", Body=payload)
+    where = s3store.locate(f"s3://{bucket}/in/face.png", "input", "spec.image", "team-a", settings)
+    cached = s3store.download(client, where, settings, 2**20, "VIDEOJOB_INPUT_MAX_BYTES", name="face.png")
+    cached.write_bytes(b"\0" * len(payload))  # the same size, other bytes
+    again = s3store.download(client, where, settings, 2**20, "VIDEOJOB_INPUT_MAX_BYTES", name="face.png")
+    assert again == cached and again.read_bytes() == payload, "the planted bytes were used"
+    for name, body in (("model_index.json", b"{}"), ("unet/weights.bin", os.urandom(2048))):
+        client.put_object(Bucket=bucket, Key=f"team-a/models/m/{name}", Body=body)
+    model = s3store.locate(f"s3://{bucket}/models/m", "source", "spec.model.source", "team-a", settings)
+    directory = s3store.download_prefix(client, model, settings)
+    (directory / "unet/weights.bin").write_bytes(b"short")  # the marker stays, the file does not match
+    assert s3store.download_prefix(client, model, settings) == directory
+    assert (directory / "unet/weights.bin").stat().st_size == 2048
 
 
 def test_ranks_of_one_pod_download_an_input_once_checked_and_bounded(store):
@@ -277,6 +313,7 @@ def test_videojob_run_refuses_bad_s3_locations_up_front_naming_the_field(store, 
         says = "refused the credentials"
     elif case == "missing bucket":
         sets[1] = f"output.uri=s3://{bucket}-gone/videos"
+        env["VIDEOJOB_S3_BUCKETS"] = ""  # `videojob run` with no list: any bucket (the store says it is missing)
         says = f"bucket {bucket}-gone does not exist"
     else:
         env["VIDEOJOB_INPUT_MAX_BYTES"] = "1000"

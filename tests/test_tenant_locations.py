@@ -23,7 +23,8 @@ from videojob_runtime.locations import resolve
 from videojob_runtime.output import resolve_location, write_failure
 
 VIDEO, POSTER = b"b's video", b"b's poster"
-HOOKS = ("VIDEOJOB_SHARED_MODEL_ROOTS", "VIDEOJOB_INPUT_STAGING_ROOT", "HF_HOME", "HF_HUB_CACHE")
+HOOKS = ("VIDEOJOB_SHARED_MODEL_ROOTS", "VIDEOJOB_INPUT_STAGING_ROOT", "HF_HOME", "HF_HUB_CACHE",
+         "VIDEOJOB_S3_CACHE_ROOT", "VIDEOJOB_S3_STAGING_ROOT")
 
 
 @pytest.fixture
@@ -256,10 +257,14 @@ def test_the_chart_layout_keeps_namespaces_out_of_the_other_roots(tmp_path, monk
     monkeypatch.setenv("VIDEOJOB_VOLUMES_ROOT", str(tmp_path / "volumes"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("VIDEOJOB_SHARED_MODEL_ROOTS", raising=False)
+    # The chart's S3 cache and upload staging, beside the roots (issue 36, 11: missed before).
+    monkeypatch.setenv("VIDEOJOB_S3_CACHE_ROOT", str(data / "s3-cache"))
+    monkeypatch.setenv("VIDEOJOB_S3_STAGING_ROOT", str(data / "s3-staging"))
     (data / "outputs/b/videos").mkdir(parents=True)
     for namespace, setting in (("outputs", "VIDEOJOB_OUTPUT_ROOT"), ("inputs", "VIDEOJOB_DATA_ROOT"),
                                ("models", "VIDEOJOB_MODEL_ROOT"), ("staging", "VIDEOJOB_INPUT_STAGING_ROOT"),
-                               ("huggingface", "HF_HOME/hub")):
+                               ("huggingface", "HF_HOME/hub"), ("s3-cache", "VIDEOJOB_S3_CACHE_ROOT"),
+                               ("s3-staging", "VIDEOJOB_S3_STAGING_ROOT")):
         with pytest.raises(JobFailure, match=rf"^spec.output.uri: 'pvc://data/b/videos': namespace {namespace}'s "
                                              rf"directory .* holds another root \({setting}: .*ask the cluster admin"):
             resolve_location("pvc://data/b/videos", namespace=namespace)

@@ -91,8 +91,9 @@ class S3Settings(BaseSettings):
                                   description="path (BUCKET in the path: most self-hosted servers) or virtual "
                                               "(BUCKET in the host name).")
     buckets: Optional[str] = Field(
-        default=None, description="Comma-separated buckets a job may name (unset: any the credentials reach); a "
-                                  "job's keys are under its namespace's prefix either way.")
+        default=None, description="Comma-separated buckets a job may name; unset: an operator job (a tenant's) "
+                                  "may name none, `videojob run` any the credentials reach. A job's keys are "
+                                  "under its namespace's prefix.")
     cache_root: Optional[str] = Field(
         default=None, description="Where s3:// inputs and model sources are downloaded once per pod (a volume "
                                   "every rank of the pod mounts; unset: VIDEOJOB_INPUT_STAGING_ROOT/s3-cache, "
@@ -109,8 +110,11 @@ class S3Settings(BaseSettings):
                                               "(0: no presigned URL).")
     timeout_s: float = Field(default=60.0, gt=0, description="Seconds to connect to the store and for each read.")
 
+    def listed_buckets(self) -> list[str]:
+        return [b.strip() for b in (self.buckets or "").split(",") if b.strip()]
+
     def bucket_allowed(self, bucket: str) -> bool:
-        listed = [b.strip() for b in (self.buckets or "").split(",") if b.strip()]
+        listed = self.listed_buckets()
         return not listed or bucket in listed
 
 

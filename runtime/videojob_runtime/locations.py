@@ -161,6 +161,17 @@ def _other_roots(kind: Kind, root: str | Path | None) -> tuple[list[tuple[Path, 
               for s in shared_model_roots()]
     if os.environ.get("VIDEOJOB_INPUT_STAGING_ROOT"):
         closed.append((_resolved(Path(os.environ["VIDEOJOB_INPUT_STAGING_ROOT"])), "VIDEOJOB_INPUT_STAGING_ROOT"))
+    # The pod's S3 download cache and upload staging (every job's): a namespace named like their
+    # directory (s3-cache, s3-staging, outputs) must not resolve into them (issue 36).
+    from videojob.settings import S3Settings
+
+    from . import s3store
+
+    s3 = S3Settings()
+    cache = s3store.cache_root(s3)
+    closed.append((_resolved(cache), "VIDEOJOB_S3_CACHE_ROOT"))
+    closed.append((_resolved(Path(s3.staging_root) if s3.staging_root else cache / "outputs"),
+                   "VIDEOJOB_S3_STAGING_ROOT"))
     if os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME"):  # the hub cache every job's hf:// reads
         hub = os.environ.get("HF_HUB_CACHE") or str(Path(os.environ["HF_HOME"]) / "hub")
         closed.append((_resolved(Path(hub)), "HF_HUB_CACHE" if os.environ.get("HF_HUB_CACHE") else "HF_HOME/hub"))

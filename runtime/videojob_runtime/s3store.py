@@ -72,6 +72,12 @@ def locate(uri: str, kind: str, field: str, namespace: str | None = None,
         raise JobFailure(f"{field}: {uri!r} {problem}", stage=stage, field=field)
     settings = settings or S3Settings()
     bucket, _, key = uri.removeprefix("s3://").partition("/")
+    if namespace is not None and not settings.listed_buckets():
+        # An operator job is one tenant's; with no list, every namespace could write and
+        # delete its keys in every bucket the admin's credentials reach (issue 36).
+        raise JobFailure(f"{field}: {uri!r}: s3:// is refused until the cluster admin lists the buckets jobs "
+                         "may use (VIDEOJOB_S3_BUCKETS; the chart's runtime.s3.buckets): ask them to, or use "
+                         "pvc:// or local://", stage=stage, field=field, bucket=bucket)
     if not settings.bucket_allowed(bucket):
         raise JobFailure(f"{field}: {uri!r}: bucket {bucket} is not one this cluster lets jobs use "
                          f"(VIDEOJOB_S3_BUCKETS: {settings.buckets}): name one of those", stage=stage, field=field,
@@ -223,11 +229,26 @@ def download(s3, where: S3Object, settings: S3Settings, limit: int, limit_settin
     directory = _cache_dir(settings, where, etag)
     target = directory / name
     with _locked(directory.with_suffix(".lock")):
-        if target.is_file() and target.stat().st_size == size:
+        if _whole(target, size, etag):
             return target
         directory.mkdir(parents=True, exist_ok=True)
         _fetch(s3, where, directory, target, size, etag, limit, limit_setting)
     return target
+
+
+def _whole(path: Path, size: int, etag: str) -> bool:
+    """Whether the cached ``path`` is the object of ``size`` and ``etag``: its size, and for an
+    object uploaded in one part (its ETag is its MD5) its bytes (issue 36: a hit was trusted on
+    its size alone, so a file of that size planted in the cache was another job's input)."""
+    if not path.is_file() or path.stat().st_size != size:
+        return False
+    if not etag or "-" in etag or len(etag) != 32:
+        return True  # a multipart ETag is no digest of the bytes: the size, and the directory's name
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest() == etag.lower()
 
 
 def _fetch(s3, where: S3Object, directory: Path, target: Path, size: int, etag: str, limit: int,
@@ -287,12 +308,16 @@ def download_prefix(s3, where: S3Object, settings: S3Settings) -> Path:
     directory = _cache_dir(settings, where, fingerprint)
     complete = directory / ".complete"
     with _locked(directory.with_suffix(".lock")):
-        if complete.is_file():
+        # A hit is the marker and every listed file at its size (not the marker alone: a file
+        # changed after it was written, or planted, is fetched again).
+        if complete.is_file() and all((directory / rel).is_file() and (directory / rel).stat().st_size == size
+                                      for rel, size, _ in listing):
             return directory
+        complete.unlink(missing_ok=True)
         for relative, size, etag in listing:
             target = directory / relative
             target.parent.mkdir(parents=True, exist_ok=True)
-            if target.is_file() and target.stat().st_size == size:
+            if _whole(target, size, etag):
                 continue
             _fetch(s3, where.child(relative), target.parent, target, size, etag, settings.model_max_bytes,
                    "VIDEOJOB_S3_MODEL_MAX_BYTES")

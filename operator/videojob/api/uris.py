@@ -203,6 +203,10 @@ _S3_FORM = _require(
     "the spec), e.g. s3://videos/my-job",
     only_for="s3://",
 )
+_S3_BUCKET_NOT_IP = _forbid(
+    r"^s3://[0-9]{1,3}[.][0-9]{1,3}[.][0-9]{1,3}[.][0-9]{1,3}(/|$)",
+    "s3:// bucket names must not be shaped like an IP address, e.g. 192.168.0.1 (S3's bucket rule)",
+)
 _S3_BUCKET_DOTS = _forbid(
     r"^s3://[^/]*([.][.]|[.]-|-[.])",
     "s3:// bucket names must not contain '..', '.-' or '-.' (S3's bucket rule)",
@@ -240,7 +244,7 @@ _HTTPS_FORM = _require(
 # Order sets which message a value breaking several rules gets: what it is
 # (scheme), then what it contains, then its structure.
 _CONTAINED = (_NO_CONTROL, _NO_LOOKALIKE, _NO_BACKSLASH, _NO_PERCENT, _NO_EMPTY_SEGMENT,
-              _NO_DOT_SEGMENT, _PVC_CLAIM, _S3_FORM, _S3_BUCKET_DOTS)
+              _NO_DOT_SEGMENT, _PVC_CLAIM, _S3_FORM, _S3_BUCKET_DOTS, _S3_BUCKET_NOT_IP)
 URI_RULES: dict[str, tuple[Cel, ...]] = {
     "output": (_schemes_rule(("pvc", "local", "s3")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED),
     "input": (_NO_HTTP, _schemes_rule(("pvc", "local", "https", "s3")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED,
