@@ -481,3 +481,13 @@ def test_the_lookalike_tables_hold_every_character_the_unicode_tables_name():
     assert codes(invisible) <= codes(uris._INVISIBLE_RANGES), "run lookalike_ranges() and update the table"
     for ch in "\ufe30\ufe19\u2100\u2101\u2105\u2106":
         assert uris.uri_problem(f"local://a{ch}b/x", "output") is not None, f"U+{ord(ch):04X} passed"
+
+
+@pytest.mark.parametrize("uri", ["https://images.test/face.png?X-Amz-Signatur%65=abc",
+                                 "https://images.test/face.png?w=1&%73ig=abc"])
+def test_a_percent_encoded_parameter_name_cannot_hide_a_signature(uri):
+    """Issue 36, 13: X-Amz-Signatur%65= passed the rule for secrets in the query."""
+    from videojob.api.uris import uri_problem
+
+    assert "must not percent-encode a query parameter's name" in uri_problem(uri, "input")
+    assert uri_problem("https://images.test/face.png?caption=a%20cat", "input") is None

@@ -234,6 +234,11 @@ _HTTPS_PORT = _require(
     "https:// takes a :port from 1 to 65535 after the host (or none: 443)",
     only_for="https://",
 )
+_HTTPS_NO_ENCODED_PARAM_NAME = _forbid(
+    r"^https://[^?#]*[?#](.*[&;#])?[^=&;#]*%[0-9A-Fa-f]{2}[^=&;#]*=",
+    "must not percent-encode a query parameter's name (X-Amz-Signatur%65= hides a signature from the check "
+    "for secrets in the query): write names plainly",
+)
 _HTTPS_FORM = _require(
     r"^https://([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?([/?#][^ ]*)?$",
     "https:// must be followed by a host name, an optional :port and a path with no spaces "
@@ -248,7 +253,7 @@ _CONTAINED = (_NO_CONTROL, _NO_LOOKALIKE, _NO_BACKSLASH, _NO_PERCENT, _NO_EMPTY_
 URI_RULES: dict[str, tuple[Cel, ...]] = {
     "output": (_schemes_rule(("pvc", "local", "s3")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED),
     "input": (_NO_HTTP, _schemes_rule(("pvc", "local", "https", "s3")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED,
-              _HTTPS_NO_USERINFO, _HTTPS_NO_SECRET_QUERY, _HTTPS_FORM, _HTTPS_PORT),
+              _HTTPS_NO_USERINFO, _HTTPS_NO_SECRET_QUERY, _HTTPS_NO_ENCODED_PARAM_NAME, _HTTPS_FORM, _HTTPS_PORT),
     "source": (_schemes_rule(("hf", "pvc", "local", "s3")), _NOT_ABSOLUTE, _HAS_LOCATION, *_CONTAINED, _HF_ID),
 }
 
