@@ -3,8 +3,8 @@
 ``MemoryJobs`` is ``videojob.controller.kube.VideoJobs`` (get, list, delete, patch_status)
 over a dict, with what the operator relies on of the API server: JSON merge patches of
 the status, resourceVersions (a patch with ``expect`` is refused with Conflict when the
-object changed), uids (a patch whose ``metadata.uid`` is not the object's is refused, as
-the API server refuses a precondition that fails: Gone, as VideoJobs raises it), and Gone for an object that is not
+object changed), uids (made at creation; a status patch's uid is ignored, as the API server
+ignores it), and Gone for an object that is not
 there. Ray is ``benchmarks/fake_ray.InstantRay``. The books (``Admissions``), the job
 lifecycles and the scheduler are the product's; only the two services are stand-ins, so
 a test of the books' races runs in milliseconds and can stop a thread at any line.
@@ -88,8 +88,6 @@ class MemoryJobs:
                 raise Gone(f"{namespace}/{name}")
             if expect is not None and obj["metadata"]["resourceVersion"] != expect:
                 raise Conflict(f"{namespace}/{name} changed since resourceVersion {expect}")
-            if uid is not None and obj["metadata"]["uid"] != uid:  # the API server's 409, as VideoJobs raises it
-                raise Gone(f"{namespace}/{name} (uid {uid}): another object of that name now")
             obj["status"] = merged(obj.get("status") or {}, status)
             obj["metadata"]["resourceVersion"] = str(next(self._versions))
             self.patches.append((namespace, name, copy.deepcopy(status)))

@@ -203,21 +203,3 @@ def test_the_operator_lists_videojobs_in_pages_and_survives_an_expired_continue_
     assert seen_pages[:3] == [1, 1, 1]  # the first page reduced before the second was asked for
     api.close()
 
-
-def test_a_status_patch_meant_for_a_deleted_job_does_not_reach_its_namesake(crd, namespace):
-    """Issue 36, 8: status patches carry the uid of the job they are for. The API server refuses
-    one whose uid is not the object's (409, "UID in precondition"), which VideoJobs raises as
-    Gone: a thread of a deleted job cannot write the status of a job made again under its name."""
-    from videojob.controller.kube import Gone, VideoJobs
-
-    jobs = VideoJobs(k8s_config.new_client_from_config(config_file=str(crd.kubeconfig)))
-    doc = load(REPO / "examples" / "tiny-cpu.yaml")
-    doc["metadata"] = {"name": "namesake"}
-    crd.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(doc))
-    old = jobs.get(namespace, "namesake")["metadata"]["uid"]
-    assert jobs.patch_status(namespace, "namesake", {"message": "mine"}, uid=old)["status"]["message"] == "mine"
-    crd.kubectl("delete", "vj", "namesake", "-n", namespace, "--wait=true")
-    crd.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(doc))
-    with pytest.raises(Gone):
-        jobs.patch_status(namespace, "namesake", {"message": "the deleted job's thread"}, uid=old)
-    assert "message" not in (jobs.get(namespace, "namesake").get("status") or {})

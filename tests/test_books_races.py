@@ -187,9 +187,10 @@ def test_the_sweeper_reclaims_a_group_the_books_do_not_use_even_when_its_job_liv
     assert swept["ownerless"] == [old] and ray.teardowns == [old]
 
 
-def test_a_deleted_jobs_lifecycle_cannot_write_to_a_job_made_again_under_its_name(tmp_path):
-    """Issue 36, 8: the old thread's books and status went by namespace and name; its status
-    writes carry its job's uid now, and its reads refuse another object of that name."""
+def test_a_deleted_jobs_lifecycle_does_not_read_a_job_made_again_under_its_name(tmp_path):
+    """Issue 36, 8 (in part): the old thread's reads went by namespace and name; they refuse
+    another object of that name now (its writes are stopped by the finalizer waiting for the
+    thread: tests/test_spawning.py; the API server ignores a uid in a status patch)."""
     from videojob.controller.kube import Gone
 
     controller, jobs, _ = memory_controller(tmp_path, ONE_CPU)
@@ -199,10 +200,7 @@ def test_a_deleted_jobs_lifecycle_cannot_write_to_a_job_made_again_under_its_nam
     jobs.remove("ns", name)
     _job(jobs, "namesake")  # made again: another uid
     with pytest.raises(Gone):
-        old.book.update({"message": "written by the deleted job's thread"})
-    with pytest.raises(Gone):
         old.book.load()
-    assert "message" not in (jobs.get("ns", name).get("status") or {})
 
 
 def test_a_failure_the_lifecycle_does_not_handle_is_said_in_the_jobs_status(tmp_path):

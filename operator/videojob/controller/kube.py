@@ -185,20 +185,17 @@ class VideoJobs:
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any],
                      expect: str | None = None, uid: str | None = None) -> dict[str, Any]:
-        """Merge-patch ``status``; with ``expect`` (a resourceVersion) only if unchanged since;
-        with ``uid`` only to that object: a job deleted and made again under the same name is
-        another object, and the API server refuses the patch (409, "UID in precondition"),
-        raised here as Gone (the object it was for is)."""
+        """Merge-patch ``status``; with ``expect`` (a resourceVersion) only if unchanged since.
+        ``uid``: the object it is meant for. (Not sent: the API server ignores a uid in a status
+        merge patch, measured on 2026-12-07 against kube-apiserver 1.34; an object made again
+        under the name is refused by the caller's reads, ``StatusBook.load``.)"""
         body: dict[str, Any] = {"status": status}
-        meta = {k: v for k, v in (("resourceVersion", expect), ("uid", uid)) if v is not None}
-        if meta:
-            body["metadata"] = meta
+        if expect is not None:
+            body["metadata"] = {"resourceVersion": expect}
         try:
             return with_retries(lambda: self.api.patch_namespaced_custom_object_status(
                 API_GROUP, API_VERSION, namespace, PLURAL, name, body), f"patch {namespace}/{name} status")
         except ApiException as exc:
-            if exc.status == 409 and uid is not None and "UID in precondition" in str(exc.body or ""):
-                raise Gone(f"{namespace}/{name} (uid {uid}): another object of that name now") from None
             if exc.status == 409:
                 raise Conflict(f"{namespace}/{name} changed since resourceVersion {expect}") from None
             if exc.status == 404:
