@@ -91,7 +91,8 @@ class Paths:
         self.count += 1
         name = f"s3-{self.count}"
         settings = S3Settings(endpoint_url=self.server.endpoint, region="us-east-1", part_bytes=part_bytes,
-                              cache_root=str(self.work / "cache"), staging_root=str(self.work / "staging"))
+                              cache_root=str(self.work / "cache"), staging_root=str(self.work / "staging"),
+                              buckets=BUCKET)  # the admin's list: a tenant's job may name no bucket without one
         uri = f"s3://{BUCKET}/videos"
         start = time.perf_counter()
         written = self._write(staging_dir(uri, NAMESPACE, name, settings), name)
@@ -118,7 +119,7 @@ class Paths:
         from videojob_runtime import s3store
 
         self.count += 1
-        settings = S3Settings(endpoint_url=self.server.endpoint, region="us-east-1",
+        settings = S3Settings(endpoint_url=self.server.endpoint, region="us-east-1", buckets=BUCKET,
                               cache_root=str(self.work / f"download-cache-{self.count}"))
         where = s3store.S3Object(BUCKET, self.last_video_key, f"s3://{BUCKET}/{self.last_video_key}", "spec.image",
                                  "inputs")

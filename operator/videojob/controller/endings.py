@@ -106,6 +106,7 @@ class Endings:
         attempts = self._ended_attempts(attempt, outcome.attempt_result, outcome.reason, outcome.message,
                                         outcome.result)
         self._remove_group(attempt, plan, outcome)
+        by = self.ctx.admissions.preempted_by(self.key)  # finish forgets the preemption
         # The GPUs go back to the books only now: freed while the group still held them, the
         # next job's group waited for Ray's resources (or was refused them) behind it.
         self.ctx.admissions.finish(self.key)
@@ -113,7 +114,7 @@ class Endings:
         if outcome.kind == "requeue":
             return self._requeue(stopped, plan, attempt, attempts, outcome)
         if outcome.kind == "preempted":
-            return self._preempted(attempt, attempts, outcome)
+            return self._preempted(attempt, attempts, outcome, by)
         settings = self.ctx.settings
         used = counted(attempts)
         left = settings.max_attempts - used
@@ -152,13 +153,13 @@ class Endings:
         self._wait(stopped, delay)
         return True
 
-    def _preempted(self, attempt: dict[str, Any], attempts: list[dict[str, Any]], outcome: Outcome) -> bool:
+    def _preempted(self, attempt: dict[str, Any], attempts: list[dict[str, Any]], outcome: Outcome,
+                   by: str | None) -> bool:
         """Stopped for a job of higher priority: back to the queue at once, with its
         priority and age (its Ask is built again from the spec and creation time); the
         next attempt resumes from the checkpoint the preemption saved."""
         error = outcome.result.get("error") or {}
         saved = int(error.get("checkpointStep") or 0)
-        by = self.ctx.admissions.preempted_by(self.key)
         evicted, self._evicted_by_kueue = getattr(self, "_evicted_by_kueue", None), None
         if evicted is not None:
             by = f"Kueue ({evicted[0]}: {evicted[1][:300]})"
