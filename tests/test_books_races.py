@@ -4,10 +4,12 @@ process (tests/memory_operator.py): each story stops a thread at the line where 
 happens, so it runs in milliseconds and the same way every time."""
 from __future__ import annotations
 
+import functools
 import threading
-import time
 
 import pytest
+
+from helpers import wait_for
 
 from memory_operator import ManualClock, StartingRay, memory_controller
 from operator_inprocess import one_rank
@@ -47,15 +49,8 @@ def test_a_job_deleted_while_its_thread_asks_for_gpus_is_not_queued_again(tmp_pa
     assert ray.submitted == 0, "a driver was submitted for a deleted job"
 
 
-def _wait_for(what: str, check, timeout_s: float = 10.0, interval_s: float = 0.02):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{timeout_s:g} s without {what}")
-        time.sleep(interval_s)
+# The books' stories move in milliseconds: looked at every 20 ms, for 10 s at most.
+_wait_for = functools.partial(wait_for, timeout=10.0, interval=0.02)
 
 
 class _Threads:
