@@ -91,8 +91,9 @@ trap 'rm -rf "$tmp"' EXIT
 log "building ${bins[*]} from tools/$name with $("$GO" version) into $bin_dir"
 start=$(date +%s)
 for i in "${!pkgs[@]}"; do
-  # -dwarf=false: as in build-tools.sh (debug info that -w drops at link; 11% of the CPU)
-  ( cd "$mod" && CGO_ENABLED=0 "$GO" build -trimpath -gcflags=all=-dwarf=false -ldflags="$ldflags" \
+  # -dwarf=false: as in build-tools.sh (debug info that -w drops at link; 11% of the CPU);
+  # GOGC=400: as in build-tools.sh (the compiler collects less often; 15% less CPU)
+  ( cd "$mod" && GOGC="${GOGC:-400}" CGO_ENABLED=0 "$GO" build -trimpath -gcflags=all=-dwarf=false -ldflags="$ldflags" \
       -o "$tmp/${bins[$i]}" "${pkgs[$i]}" ) >&2 || die "go build of ${pkgs[$i]} failed (see above)"
 done
 for b in "${bins[@]}"; do [[ -x "$tmp/$b" ]] || die "go build did not produce $b"; done

@@ -22,7 +22,6 @@ import io
 import json
 import os
 import re
-import shutil
 import struct
 import time
 from dataclasses import dataclass, field
@@ -30,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from videojob.jobrequest import CHECKPOINTS_DIR, FINGERPRINT_FIELDS, checkpoint_key
+
+from .beneath import Beneath
+from .errors import JobFailure
 
 MAGIC = b"VIDEOJOB-CHECKPOINT\n"
 FORMAT = 1
@@ -128,47 +130,59 @@ def decode(data: bytes, expect_fingerprint: str, expect_steps: int, expect_step:
 
 class CheckpointStore:
     """One job's checkpoint directory. ``keep``: how many newest files to keep
-    (two: a crash while the newest is written still leaves the one before)."""
+    (two: a crash while the newest is written still leaves the one before).
+    ``root``: the checked directory it lies in (the job's namespace's, from the
+    driver): every operation opens the directory again from there without
+    following links (``beneath``), so a link planted after the check is refused,
+    never written through; None: the directory is the caller's own."""
 
-    def __init__(self, directory: str | Path, job_fingerprint: str, steps: int, keep: int = 2):
+    def __init__(self, directory: str | Path, job_fingerprint: str, steps: int, keep: int = 2,
+                 root: str | Path | None = None):
         if keep < 1:
             raise ValueError(f"CheckpointStore.keep must be at least 1, got {keep}")
         if steps < 2:
             raise ValueError(f"CheckpointStore.steps must be at least 2 (a 1-step job has no boundary), got {steps}")
         self.directory = Path(directory)
+        self.root = Path(root) if root is not None else None
         self.fingerprint, self.steps, self.keep = job_fingerprint, steps, keep
+
+    def _open(self, directory: Path | None = None, create: bool = False) -> Beneath:
+        return Beneath.at(directory or self.directory, self.root, create=create, field="spec.output.uri",
+                          stage="checkpoint")
 
     def save(self, step: int, state: dict[str, Any]) -> tuple[Path, int, float]:
         """Write step ``step``'s checkpoint; returns (path, bytes, seconds)."""
         start = time.perf_counter()
         data = encode(Checkpoint(step=step, steps=self.steps, fingerprint=self.fingerprint, state=state))
-        self.directory.mkdir(parents=True, exist_ok=True)
-        final = self.directory / file_name(step)
-        tmp = self.directory / f".{final.name}.tmp-{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        _fsync_dir(self.directory)
-        self._prune()
-        return final, len(data), time.perf_counter() - start
+        final = file_name(step)
+        with self._open(create=True) as where:
+            partial = where.write_new(final, data, fsync=True, mode=0o600)
+            try:
+                where.replace(partial, final)
+            except BaseException:
+                where.unlink(partial)
+                raise
+            where.fsync()
+            self._prune(where)
+        return self.directory / final, len(data), time.perf_counter() - start
 
     def steps_on_disk(self) -> list[int]:
-        if not self.directory.is_dir():
+        try:
+            with self._open() as where:
+                return self._steps(where)
+        except (FileNotFoundError, NotADirectoryError):
             return []
-        found = (_NAME.match(p.name) for p in self.directory.iterdir())
+
+    @staticmethod
+    def _steps(where: Beneath) -> list[int]:
+        found = (_NAME.match(name) for name in where.names())
         return sorted((int(m.group(1)) for m in found if m), reverse=True)
 
     def load(self, step: int) -> Checkpoint:
-        path = self.directory / file_name(step)
-        ckpt = decode(path.read_bytes(), self.fingerprint, self.steps, expect_step=step)
-        ckpt.path = path
+        with self._open() as where:
+            data = where.read(file_name(step))
+        ckpt = decode(data, self.fingerprint, self.steps, expect_step=step)
+        ckpt.path = self.directory / file_name(step)
         return ckpt
 
     def newest(self, below: int | None = None) -> Found:
@@ -183,32 +197,21 @@ class CheckpointStore:
                 refused.append(f"{file_name(step)}: {str(exc)[:200]}")
         return Found(None, refused)
 
-    def _prune(self) -> None:
-        for step in self.steps_on_disk()[self.keep:]:
-            (self.directory / file_name(step)).unlink(missing_ok=True)
-        for p in self.directory.glob(".step-*.tmp-*"):  # a crashed writer's leftovers (not our pid's: done)
-            if not p.name.endswith(f".tmp-{os.getpid()}"):
-                p.unlink(missing_ok=True)
+    def _prune(self, where: Beneath) -> None:
+        for step in self._steps(where)[self.keep:]:
+            where.unlink(file_name(step))
+        for name in where.names():  # a crashed writer's leftovers (ours is renamed by now)
+            if name.startswith(".step-") and name.endswith(".partial"):
+                where.unlink(name)
 
     def remove(self) -> None:
         """After success: the checkpoints have nothing left to give (nor has the
         shared hidden directory above them, once no other job's are in it)."""
-        shutil.rmtree(self.directory, ignore_errors=True)
-        if self.directory.parent.name == CHECKPOINTS_DIR:
-            try:
-                self.directory.parent.rmdir()
-            except OSError:  # another job's checkpoints, or already gone
-                pass
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            with self._open(self.directory.parent) as parent:
+                parent.rmtree(self.directory.name)
+                if self.directory.parent.name == CHECKPOINTS_DIR and not parent.names():
+                    with self._open(self.directory.parent.parent) as above:
+                        above.rmdir(CHECKPOINTS_DIR)  # another job's checkpoints appeared meanwhile: left
+        except (OSError, JobFailure):  # already gone, or a link where a directory was (refused: left alone)
+            pass

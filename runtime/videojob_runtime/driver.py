@@ -74,17 +74,15 @@ def _fail(reason: str, stage: str, message: str, **fields: Any) -> dict[str, Any
     return {"ok": False, "error": {"reason": reason, "stage": stage, "message": message}, **fields}
 
 
-def _check_writable(output_dir: Path, uri: str) -> None:
-    """Fail before any GPU is taken if the job's files could not be written there."""
-    import tempfile
-
+def _check_writable(output_dir: Path, root: Path, uri: str) -> None:
+    """Fail before any GPU is taken if the job's files could not be written there (opened from
+    ``root`` the way the ranks will, ``beneath``: a link on the way fails here already)."""
+    from .beneath import Beneath
     from .errors import JobFailure
 
     try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=output_dir, prefix=".videojob-probe-")
-        os.close(fd)
-        os.unlink(probe)
+        with Beneath.at(output_dir, root, create=True) as where:
+            where.unlink(where.write_new(".videojob-probe", b""))
     except OSError as exc:
         raise JobFailure(f"spec.output.uri: {uri} resolves to {output_dir}, which cannot be written "
                          f"({exc.strerror or exc}): check that the volume is mounted read-write and that the "
@@ -104,7 +102,7 @@ def unknown_job_fields(request: DriverRequest) -> list[str]:
 def job_request(request: DriverRequest):
     """The ranks' JobRequest (``videojob_runtime.request``) and its output directory.
     Raises JobFailure (a bad output uri, naming spec.output.uri) or ValueError (a bad job)."""
-    from .locations import resolve
+    from .locations import resolve_in_root
     from .request import JobRequest
 
     unknown = unknown_job_fields(request)
@@ -128,12 +126,15 @@ def job_request(request: DriverRequest):
 
         where = check_bucket(uri, request.namespace)
         output_dir = staging_dir(uri, request.namespace, job.get("output_name") or request.name)
+        output_root = output_dir.parent  # the pod's staging root (no tenant writes there)
         job["output_object"] = uri
         uri = where.object_uri.rstrip("/")  # what status names: the objects' prefix, the namespace's part in it
     else:
-        output_dir = resolve(uri, "output", "spec.output.uri", namespace=request.namespace)
-    _check_writable(output_dir, uri)
-    job["output_dir"] = str(output_dir)
+        output_dir, output_root = resolve_in_root(uri, "output", "spec.output.uri", namespace=request.namespace)
+    if job.get("output_root") is not None:
+        raise ValueError("job.output_root is the driver's to set, with job.output_dir")
+    _check_writable(output_dir, output_root, uri)
+    job["output_dir"], job["output_root"] = str(output_dir), str(output_root)
     job.setdefault("output_name", request.name)
     if job.get("checkpoint_dir") is not None:
         raise ValueError("job.checkpoint_dir is the driver's to set, beside the output")

@@ -146,7 +146,8 @@ class JobGate:
             from .resume import job_fingerprint
 
             try:
-                store = CheckpointStore(self.req.checkpoint_dir, job_fingerprint(self.req), self.req.steps)
+                store = CheckpointStore(self.req.checkpoint_dir, job_fingerprint(self.req), self.req.steps,
+                                        root=self.req.output_root)
             except Exception as exc:  # noqa: BLE001 - an input that cannot be read: no checkpoint to name
                 log.warning("preemption: cannot look for checkpoints (%s)", exc)
                 return 0

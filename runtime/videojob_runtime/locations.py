@@ -78,7 +78,14 @@ def check_uri(uri: str, kind: Kind, field: str) -> str:
 
 def resolve(uri: str, kind: Kind, field: str, *, root: str | Path | None = None,
             local_dir: str | Path | None = None, namespace: str | None = None) -> Path:
-    """The absolute, symlink-free path behind ``uri``, inside its root.
+    """The absolute, symlink-free path behind ``uri``, inside its root (``resolve_in_root``)."""
+    return resolve_in_root(uri, kind, field, root=root, local_dir=local_dir, namespace=namespace)[0]
+
+
+def resolve_in_root(uri: str, kind: Kind, field: str, *, root: str | Path | None = None,
+                    local_dir: str | Path | None = None, namespace: str | None = None) -> tuple[Path, Path]:
+    """(the absolute, symlink-free path behind ``uri``, the root it was contained in: the admin's
+    directory a writer opens it again from without following links, ``beneath``).
 
     ``field``: the spec field the uri came from (every refusal names it).
     ``root``: the local:// root when the caller has its own setting (default:
@@ -105,7 +112,7 @@ def resolve(uri: str, kind: Kind, field: str, *, root: str | Path | None = None,
         raise JobFailure(f"{field}: {uri!r}: the job's namespace {problem}", stage=stage, field=field)
     shared = _shared_root(uri) if kind == "source" else None
     if shared is not None:
-        return _contained(_contained(*_base(shared, kind, root), shared, SHARED_MODEL_ROOTS, stage),
+        return _contained(_contained(*_base(shared, kind, root), shared, SHARED_MODEL_ROOTS, stage)[0],
                           uri[len(shared):].lstrip("/"), uri, field, stage)
     base, sub = _base(uri, kind, root)
     return _in_namespace(base, namespace, sub, uri, field, stage, kind, root)
@@ -179,7 +186,7 @@ def _other_roots(kind: Kind, root: str | Path | None) -> tuple[list[tuple[Path, 
 
 
 def _in_namespace(base: Path, namespace: str, sub: str, uri: str, field: str, stage: str, kind: Kind,
-                  root: str | Path | None) -> Path:
+                  root: str | Path | None) -> tuple[Path, Path]:
     """``base/<namespace>/sub`` with links followed, refused unless still under ``base/<namespace>``
     (that directory itself must not be a link) and unless that directory is clear of other roots."""
     try:
@@ -209,11 +216,12 @@ def _in_namespace(base: Path, namespace: str, sub: str, uri: str, field: str, st
             f"{field}: {uri!r} resolves to {target}, outside namespace {namespace}'s directory {home}: a symbolic "
             "link on the way points out of it (another namespace's files are never reachable); put the file "
             "itself under that directory", stage=stage, field=field, resolved=str(target), root=str(home))
-    return target
+    return target, top
 
 
-def _contained(base: Path, sub: str | Path, uri: str, field: str, stage: str) -> Path:
-    """``base/sub`` with links followed, refused unless it is still under ``base`` (links followed too)."""
+def _contained(base: Path, sub: str | Path, uri: str, field: str, stage: str) -> tuple[Path, Path]:
+    """(``base/sub`` with links followed, refused unless it is still under ``base`` (links followed
+    too); ``base`` resolved)."""
     try:
         top = base.resolve()
         target = (top / sub).resolve()
@@ -225,4 +233,4 @@ def _contained(base: Path, sub: str | Path, uri: str, field: str, stage: str) ->
             f"{field}: {uri!r} resolves to {target}, outside its root {top}: a symbolic link on the way points "
             "out of it; put the file itself under the root (or link only to places inside it)",
             stage=stage, field=field, resolved=str(target), root=str(top))
-    return target
+    return target, top

@@ -47,15 +47,21 @@ def encode_frames(frames: np.ndarray, path: Path, fps: int, crf: int, threads: i
             container.mux(packet)
 
 
-def encode_in_child(frames: np.ndarray, path: Path, fps: int, crf: int = 18, threads: int = X264_THREADS,
-                    x264_params: str = "", timeout_s: float = 900.0) -> None:
-    """Encode ``frames`` (uint8 [T, H, W, 3], even H and W) to ``path`` in a child process."""
+def encode_in_child(frames: np.ndarray, path: Path | None, fps: int, crf: int = 18, threads: int = X264_THREADS,
+                    x264_params: str = "", timeout_s: float = 900.0, out_fd: int | None = None) -> None:
+    """Encode ``frames`` (uint8 [T, H, W, 3], even H and W) to ``path`` in a child process, or into
+    the open file ``out_fd`` (passed to the child, which opens its own /proc/self/fd/N: the same
+    file, whatever its name or its directory's path have become since)."""
+    if (path is None) == (out_fd is None):
+        raise ValueError("encode_in_child: give path or out_fd, not both")
     frames = np.ascontiguousarray(frames, dtype=np.uint8)
     t, h, w, _ = frames.shape
-    argv = [sys.executable, "-m", "videojob_runtime.mp4encode", str(path), str(t), str(h), str(w), str(fps),
+    target = str(path) if out_fd is None else f"/proc/self/fd/{out_fd}"
+    argv = [sys.executable, "-m", "videojob_runtime.mp4encode", target, str(t), str(h), str(w), str(fps),
             str(crf), str(threads), x264_params]
     env = {**os.environ, "MALLOC_PERTURB_": MALLOC_PERTURB}
-    result = subprocess.run(argv, input=frames.tobytes(), capture_output=True, env=env, timeout=timeout_s)
+    result = subprocess.run(argv, input=frames.tobytes(), capture_output=True, env=env, timeout=timeout_s,
+                            pass_fds=() if out_fd is None else (out_fd,))
     if result.returncode != 0:
         tail = result.stderr.decode(errors="replace").strip().splitlines()[-5:]
         raise RuntimeError(f"mp4 encoder exited with {result.returncode}: {' | '.join(tail)}")

@@ -40,6 +40,7 @@ import numpy as np
 
 from videojob.api.uris import name_problem
 
+from .beneath import Beneath
 from .errors import JobFailure
 from .locations import ROOTS, resolve
 
@@ -90,11 +91,12 @@ def even_crop(frames: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(frames[:, : h - h % 2, : w - w % 2])
 
 
-def encode_mp4(frames: np.ndarray, path: Path, fps: int, crf: int = 18) -> None:
-    """H.264, yuv420p, in a child process so the bytes depend only on the frames (docstring)."""
+def encode_mp4(frames: np.ndarray, path: Path | None, fps: int, crf: int = 18, *, fd: int | None = None) -> None:
+    """H.264, yuv420p, in a child process so the bytes depend only on the frames (docstring);
+    into ``path``, or into the open file ``fd`` (a file made beneath a checked directory)."""
     from .mp4encode import encode_in_child
 
-    encode_in_child(even_crop(frames), path, fps, crf)
+    encode_in_child(even_crop(frames), path, fps, crf, out_fd=fd)
 
 
 def probe_mp4(path: Path) -> dict[str, Any]:
@@ -128,70 +130,69 @@ def contact_sheet(frames: np.ndarray, columns: int = 4, max_tiles: int = 16) -> 
 
 
 def write_outputs(frames: np.ndarray, directory: Path, name: str, fps: int, result: dict[str, Any],
-                  between_files=None) -> WrittenOutput:
+                  between_files=None, root: str | Path | None = None) -> WrittenOutput:
     """Write NAME.mp4, NAME.png and NAME.json into ``directory`` atomically (module
-    docstring); the JSON gains the file facts. ``between_files``: called after the
-    video's temporary file is written (a test hook for faults mid-write)."""
+    docstring); the JSON gains the file facts. ``root``: the checked directory ``directory``
+    lies in (its namespace's), from which it is opened again now without following links
+    (``beneath``); None: ``directory`` is the caller's own. ``between_files``: called after
+    the video's temporary file is written (a test hook for faults mid-write)."""
     from PIL import Image
 
     name = _checked_name(name)
-    directory.mkdir(parents=True, exist_ok=True)
-    video, poster, result_path = directory / f"{name}.mp4", directory / f"{name}.png", directory / f"{name}.json"
-    tmp_video, tmp_poster, tmp_result = (_new_partial(p) for p in (video, poster, result_path))
-    placed: list[Path] = []
-    try:
-        encode_mp4(frames, tmp_video, fps)
-        if between_files is not None:
-            between_files()
-        Image.fromarray(contact_sheet(frames)).save(tmp_poster, format="PNG")
-        cropped = frames.shape[1] % 2 or frames.shape[2] % 2
-        size = tmp_video.stat().st_size
-        document = {
-            **result,
-            "output": {
-                "video": str(video),
-                "poster": str(poster),
-                "bytes": size,
-                "frames": int(frames.shape[0]),
-                "width": int(frames.shape[2] - frames.shape[2] % 2),
-                "height": int(frames.shape[1] - frames.shape[1] % 2),
-                "fps": fps,
-                "croppedToEvenSize": bool(cropped),
-            },
-        }
-        tmp_result.write_text(json.dumps(document, indent=2, default=str) + "\n")
-        for tmp, final in ((tmp_video, video), (tmp_poster, poster), (tmp_result, result_path)):
-            tmp.replace(final)
-            placed.append(final)
-    except BaseException:
-        for path in (tmp_video, tmp_poster, tmp_result, *placed):
-            path.unlink(missing_ok=True)
-        raise
+    directory = Path(directory)
+    finals = (f"{name}.mp4", f"{name}.png", f"{name}.json")
+    video, poster, result_path = (directory / f for f in finals)
+    with Beneath.at(directory, root, create=True) as where:
+        partials: list[str] = []
+        placed: list[str] = []
+        try:
+            tmp_video, fd = where.new_file(finals[0])
+            partials.append(tmp_video)
+            try:
+                encode_mp4(frames, None, fps, fd=fd)
+                size = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+            if between_files is not None:
+                between_files()
+            tmp_poster, fd = where.new_file(finals[1])
+            partials.append(tmp_poster)
+            with os.fdopen(fd, "wb") as f:
+                Image.fromarray(contact_sheet(frames)).save(f, format="PNG")
+            cropped = frames.shape[1] % 2 or frames.shape[2] % 2
+            document = {
+                **result,
+                "output": {
+                    "video": str(video),
+                    "poster": str(poster),
+                    "bytes": size,
+                    "frames": int(frames.shape[0]),
+                    "width": int(frames.shape[2] - frames.shape[2] % 2),
+                    "height": int(frames.shape[1] - frames.shape[1] % 2),
+                    "fps": fps,
+                    "croppedToEvenSize": bool(cropped),
+                },
+            }
+            partials.append(where.write_new(finals[2], (json.dumps(document, indent=2, default=str) + "\n").encode()))
+            for tmp, final in zip(partials, finals):
+                where.replace(tmp, final)
+                placed.append(final)
+        except BaseException:
+            for leftover in (*partials, *placed):
+                where.unlink(leftover)
+            raise
     return WrittenOutput(video, poster, result_path, size)
 
 
-def _new_partial(final: Path) -> Path:
-    """A new, empty, uniquely named file beside ``final`` (created exclusively,
-    so nothing placed at a guessed name beforehand, a link say, is written through)."""
-    import tempfile
-
-    fd, name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".partial")
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(name, 0o666 & ~umask)  # mkstemp makes it 0600; the final file gets the usual mode
-    return Path(name)
-
-
-def write_failure(directory: Path, name: str, result: dict[str, Any]) -> Path:
+def write_failure(directory: Path, name: str, result: dict[str, Any], root: str | Path | None = None) -> Path:
     """The result JSON of a job that failed (no video): written atomically, and
-    any earlier output of the same name is removed so nothing stale passes for it."""
+    any earlier output of the same name is removed so nothing stale passes for it.
+    ``root``: as for ``write_outputs``."""
     name = _checked_name(name)
-    directory.mkdir(parents=True, exist_ok=True)
-    for suffix in (".mp4", ".png"):
-        (directory / f"{name}{suffix}").unlink(missing_ok=True)
-    path = directory / f"{name}.json"
-    tmp = _new_partial(path)
-    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    tmp.replace(path)
-    return path
+    directory = Path(directory)
+    with Beneath.at(directory, root, create=True) as where:
+        for suffix in (".mp4", ".png"):
+            where.unlink(f"{name}{suffix}")
+        where.replace(where.write_new(f"{name}.json", (json.dumps(result, indent=2, default=str) + "\n").encode()),
+                      f"{name}.json")
+    return directory / f"{name}.json"

@@ -127,6 +127,10 @@ class JobRequest:
     cache: str = "off"
     cache_threshold: float | None = None
     output_dir: str | None = None
+    # The checked directory output_dir lies in (its namespace's root, from the driver): the
+    # ranks open output_dir and checkpoint_dir again from it without following links
+    # (beneath.py). None: output_dir is the caller's own (`videojob run`, tests).
+    output_root: str | None = None
     # An s3:// output (spec.output.uri): the files are written to output_dir (its
     # staging directory on the pod's volume) and then uploaded there (s3outputs).
     output_object: str | None = None

@@ -333,7 +333,7 @@ def plan_for(req, rank: int, world: int, device: str, pipe, agree_min=None) -> t
     read, so no rank resumes from another step than its peers."""
     if not req.checkpoint_dir or req.steps < 2:
         return None, []
-    store = CheckpointStore(req.checkpoint_dir, job_fingerprint(req), req.steps)
+    store = CheckpointStore(req.checkpoint_dir, job_fingerprint(req), req.steps, root=req.output_root)
     found = store.newest()
     refused = list(found.refused)
     chosen = found.checkpoint

@@ -336,7 +336,7 @@ class RankWorker:
                                 **{f"{k}Seconds": round(v, 3) for k, v in timings.items()}},
                    "cache": result["cache"]}
         written = write_outputs(video, Path(req.output_dir), req.output_name, req.fps, summary,
-                                between_files=lambda: gate._inject("write"))
+                                between_files=lambda: gate._inject("write"), root=req.output_root)
         output = {"video": str(written.video), "poster": str(written.poster), "result": str(written.result),
                   "bytes": written.video_bytes}
         if req.output_object:  # s3://: staged here, uploaded with the result JSON last
