@@ -270,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         def list(self, namespaces, **kwargs):
             return self._call("api.list", super().list, namespaces, **kwargs)
 
-        def patch_status(self, namespace, name, status, expect=None, uid=None):
-            return self._call("api.patchStatus", super().patch_status, namespace, name, status, expect, uid)
+        def patch_status(self, namespace, name, status, expect=None, uid=None, known=None):
+            return self._call("api.patchStatus", super().patch_status, namespace, name, status, expect, uid, known)
 
     def post_event(*event_args) -> None:
         events[event_args[4]] += 1  # by reason (the phase)

@@ -67,7 +67,8 @@ class Paths:
         self.client = server.client()
         self.frames = (np.random.default_rng(0).random((9, 64, 64, 3)) * 255).astype("uint8")
         # The encoder's output is the bench's bytes (module docstring); the rest of write_outputs is real.
-        output.encode_mp4 = lambda frames, path, fps, crf=18: path.write_bytes(self.video)
+        output.encode_mp4 = lambda frames, path, fps, crf=18, fd=None: (
+            os.write(fd, self.video) if fd is not None else path.write_bytes(self.video))
         self.write_outputs = output.write_outputs
         self.count = 0
 

@@ -60,7 +60,7 @@ class Driver:
     def start(self, name: str, ulysses: int = 1, ring: int = 1, cfg: int = 1,
               bundle_resources: dict[str, float] | None = None, cpus_per_rank: float = 1.0,
               timeout_s: float = 120.0, node_type: str | None = None,
-              max_wait_s: float | None = None) -> dict[str, Any]:
+              max_wait_s: float | None = None, start_timeout_s: float | None = None) -> dict[str, Any]:
         import time
 
         from ray.util import placement_group_table
@@ -73,7 +73,7 @@ class Driver:
         started = time.monotonic()
         try:
             group = ActorGroup.start(spec, timeout_s=timeout_s, cpus_per_rank=cpus_per_rank, node_type=node_type,
-                                     max_wait_s=max_wait_s, on_wait=waits.append)
+                                     max_wait_s=max_wait_s, on_wait=waits.append, start_timeout_s=start_timeout_s)
         except GroupStartError as exc:
             return {"ok": False, "error": exc.to_dict(), "waits": waits,
                     "seconds": round(time.monotonic() - started, 3)}

@@ -3,9 +3,9 @@
 ``MemoryJobs`` is ``videojob.controller.kube.VideoJobs`` (get, list, delete, patch_status)
 over a dict, with what the operator relies on of the API server: JSON merge patches of
 the status, resourceVersions (a patch with ``expect`` is refused with Conflict when the
-object changed), uids (made at creation; a status patch's uid is ignored, as the API server
-ignores it), and Gone for an object that is not
-there. Ray is ``benchmarks/fake_ray.InstantRay``. The books (``Admissions``), the job
+object changed), uids (made at creation; a status write that carries one reaches only that object, as the
+operator's JSON patch that tests /metadata/uid does on the real server), and Gone for an
+object that is not there. Ray is ``benchmarks/fake_ray.InstantRay``. The books (``Admissions``), the job
 lifecycles and the scheduler are the product's; only the two services are stand-ins, so
 a test of the books' races runs in milliseconds and can stop a thread at any line.
 """
@@ -79,13 +79,16 @@ class MemoryJobs:
             return True
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any],
-                     expect: str | None = None, uid: str | None = None) -> dict[str, Any]:
+                     expect: str | None = None, uid: str | None = None,
+                     known: dict[str, Any] | None = None) -> dict[str, Any]:
         if self.before_patch is not None:
             self.before_patch(namespace, name, status)
         with self._lock:
             obj = self._objects.get((namespace, name))
             if obj is None:
                 raise Gone(f"{namespace}/{name}")
+            if uid is not None and obj["metadata"]["uid"] != uid:  # as the real server's test op (kube.py)
+                raise Gone(f"{namespace}/{name} (uid {uid}): another object of that name now")
             if expect is not None and obj["metadata"]["resourceVersion"] != expect:
                 raise Conflict(f"{namespace}/{name} changed since resourceVersion {expect}")
             obj["status"] = merged(obj.get("status") or {}, status)

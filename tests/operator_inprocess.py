@@ -86,8 +86,8 @@ class InProcess:
         run = self
 
         class RecordingJobs(VideoJobs):
-            def patch_status(self, ns, name, status, expect=None, uid=None):
-                obj = super().patch_status(ns, name, status, expect, uid)
+            def patch_status(self, ns, name, status, expect=None, uid=None, known=None):
+                obj = super().patch_status(ns, name, status, expect, uid, known)
                 run.patches.append((time.monotonic(), name, status, run.controller.admissions.snapshot()))
                 if status.get("phase") in run.sample_metrics:
                     run.sampled.append((name, status, run.metrics()))

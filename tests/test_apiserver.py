@@ -203,3 +203,44 @@ def test_the_operator_lists_videojobs_in_pages_and_survives_an_expired_continue_
     assert seen_pages[:3] == [1, 1, 1]  # the first page reduced before the second was asked for
     api.close()
 
+
+
+def test_a_status_write_reaches_only_the_object_it_was_read_from(crd, namespace):
+    """Issue 36, 8: a deleted job's thread still holds its StatusBook; the job is made again under
+    the same name. The API server ignores a uid in a merge patch, so the book writes a JSON patch
+    that tests /metadata/uid first: its write to the new object is refused (Gone) and the new
+    object's status stays as it was. Writes to the right object keep merge-patch semantics: the
+    first one adds the status, a None removes a key, a dict merges into what was read."""
+    from videojob.controller.kube import Gone, VideoJobs, api_client
+    from videojob.controller.status import StatusBook
+
+    doc = load(REPO / "examples" / "tiny-cpu.yaml")
+    doc["metadata"] = {"name": "namesake", "namespace": namespace}
+    crd.kubectl("create", "-f", "-", input=json.dumps(doc))
+    configuration = k8s.Configuration()
+    k8s_config.load_kube_config(config_file=str(crd.kubeconfig), client_configuration=configuration)
+    api = api_client(timeout_s=30, configuration=configuration)
+    try:
+        jobs = VideoJobs(api)
+        old = StatusBook(jobs, namespace, "namesake", uid=jobs.get(namespace, "namesake")["metadata"]["uid"])
+        old.load()  # no status yet: the first write adds it whole
+        assert old.update({"phase": "Queued", "message": "waiting", "progress": {"step": 0, "steps": 4}})
+        assert old.update({"message": None, "progress": {"step": 2}})
+        status = jobs.get(namespace, "namesake")["status"]
+        assert status["phase"] == "Queued" and "message" not in status
+        assert status["progress"] == {"step": 2, "steps": 4}
+
+        crd.kubectl("delete", "videojob", "namesake", "-n", namespace, "--wait=true")
+        crd.kubectl("create", "-f", "-", input=json.dumps(doc))
+        new = StatusBook(jobs, namespace, "namesake", uid=jobs.get(namespace, "namesake")["metadata"]["uid"])
+        new.load()
+        assert new.update({"phase": "Pending", "message": "the new job's"})
+        with pytest.raises(Gone, match="another object of that name now"):
+            old.update({"phase": "Failed", "message": "the old thread's last word"})
+        unbooked = StatusBook(jobs, namespace, "namesake", uid=old.uid)  # never read: each key added
+        with pytest.raises(Gone, match="another object of that name now"):
+            unbooked.update({"phase": "Failed"})
+        status = jobs.get(namespace, "namesake")["status"]
+        assert (status["phase"], status["message"]) == ("Pending", "the new job's")
+    finally:
+        api.close()

@@ -182,10 +182,10 @@ def test_the_sweeper_reclaims_a_group_the_books_do_not_use_even_when_its_job_liv
     assert swept["ownerless"] == [old] and ray.teardowns == [old]
 
 
-def test_a_deleted_jobs_lifecycle_does_not_read_a_job_made_again_under_its_name(tmp_path):
-    """Issue 36, 8 (in part): the old thread's reads went by namespace and name; they refuse
-    another object of that name now (its writes are stopped by the finalizer waiting for the
-    thread: tests/test_spawning.py; the API server ignores a uid in a status patch)."""
+def test_a_deleted_jobs_lifecycle_does_not_touch_a_job_made_again_under_its_name(tmp_path):
+    """Issue 36, 8: the old thread's reads and writes went by namespace and name; they refuse
+    another object of that name now (the finalizer also waits for the thread to end:
+    tests/test_spawning.py; the real server's refusal of the write: tests/test_apiserver.py)."""
     from videojob.controller.kube import Gone
 
     controller, jobs, _ = memory_controller(tmp_path, ONE_CPU)
@@ -196,6 +196,9 @@ def test_a_deleted_jobs_lifecycle_does_not_read_a_job_made_again_under_its_name(
     _job(jobs, "namesake")  # made again: another uid
     with pytest.raises(Gone):
         old.book.load()
+    with pytest.raises(Gone):
+        old.book.update({"phase": "Failed", "message": "the old thread's last word"})
+    assert "phase" not in (jobs.get("ns", name).get("status") or {})
 
 
 def test_a_failure_the_lifecycle_does_not_handle_is_said_in_the_jobs_status(tmp_path):

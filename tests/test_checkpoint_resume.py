@@ -98,6 +98,28 @@ def test_a_checkpoint_cannot_run_code_when_loaded(tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.parametrize("bad", [{"step": 0}, {"set_timesteps": 1.0}, {"config": {}}, {"__class__": 1},
+                                 {"order": "x"}, {"not an identifier": 1}, {"timesteps": 3}, {"betas": [1, 2]}])
+def test_a_checkpoint_sets_no_scheduler_attribute_a_checkpoint_does_not_keep(bad):
+    """Issue 36, 14: restore set every saved name on the scheduler (a rank's scheduler outlives the
+    job when its group is reused): a name its class defines, the config, or a value of another
+    kind than the attribute's is refused whole, before anything is set."""
+    torch = require_module("torch")
+    from diffusers import DDIMScheduler
+
+    from videojob_runtime.resume import restore_scheduler_state, scheduler_state
+
+    scheduler = DDIMScheduler()
+    scheduler.set_timesteps(4)
+    before = dict(vars(scheduler))
+    saved = scheduler_state(scheduler)
+    with pytest.raises(ValueError, match="checkpoint"):
+        restore_scheduler_state(scheduler, {**saved, "timesteps": torch.zeros(4, dtype=torch.long), **bad}, "cpu")
+    assert vars(scheduler).keys() == before.keys() and scheduler.timesteps.tolist() == before["timesteps"].tolist()
+    restore_scheduler_state(scheduler, {**saved, "made_during_steps": torch.ones(1)}, "cpu")  # a new data attribute
+    assert scheduler.timesteps.tolist() == before["timesteps"].tolist()
+
+
 def test_the_fingerprint_follows_what_changes_the_frames():
     base = dict(model_id="tiny-wan", prompt="p", steps=4, seed=1, width=64)
     assert fingerprint(base) == fingerprint({**base, "output_dir": "/elsewhere", "job_id": "other"})

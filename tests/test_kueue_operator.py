@@ -205,6 +205,47 @@ def test_two_teams_borrow_reclaim_and_every_job_finishes(setup, crd, namespace, 
         op.stop()
 
 
+def test_a_deactivated_workload_pauses_its_job_until_a_workload_of_it_is_active_again(
+        setup, crd, namespace, tmp_path, ray_head):  # noqa: F811
+    """Issue 36, 9: a Workload deactivated by hand (spec.active false: Kueue's way to pause a job)
+    was treated as a preemption: the next attempt made a new, active Workload that Kueue admitted
+    at once, so the job ran on. Now the attempt stops at a checkpoint, the next Workload is made
+    inactive, the status says which and how to resume; activated, the job resumes and finishes."""
+    flavor = setup.resource_flavor("vj-cpu")
+    setup.local_queue(namespace, "default", setup.cluster_queue("paused", {flavor: RANK}))
+    op = _operator(crd, (namespace,), tmp_path, ray_head, flavor).start()
+    try:
+        op.create_in(namespace, _slow("paused"))
+        wait_for("`paused` to pass step 1", lambda: _step(crd, namespace, "paused") >= 1, timeout=300)
+        first = videojob(crd, namespace, "paused")["status"]["attempts"][0]["workload"]
+        crd.kubectl("patch", "workloads.kueue.x-k8s.io", first, "-n", namespace, "--type", "merge",
+                    "-p", json.dumps({"spec": {"active": False}}))
+        second = wait_for("a second Workload of `paused`", lambda: next(
+            (w for w in _workloads(crd, namespace) if w["metadata"]["name"] != first), None), timeout=120)
+        assert second["spec"].get("active") is False, "the next attempt's Workload was made active: the pause is lost"
+        status = wait_for("`paused` to say it waits for its Workload", lambda: (s := videojob(
+            crd, namespace, "paused")["status"]).get("message", "").startswith(f"Workload {second['metadata']['name']}")
+            and s, timeout=60)
+        assert status["phase"] == "Queued" and "kubectl patch workloads.kueue.x-k8s.io" in status["message"]
+        admitted = {c["type"]: c for c in status["conditions"]}["Admitted"]
+        assert (admitted["status"], admitted["reason"]) == ("False", "KueueDeactivated"), admitted
+        stopped = status["attempts"][0]
+        assert (stopped["result"], stopped["reason"]) == ("Preempted", "Deactivated"), stopped
+        assert "its Workload was deactivated" in stopped["message"], stopped["message"]
+        assert not _conditions(second).get("QuotaReserved", {}).get("status") == "True", "Kueue admitted it"
+
+        crd.kubectl("patch", "workloads.kueue.x-k8s.io", second["metadata"]["name"], "-n", namespace,
+                    "--type", "merge", "-p", json.dumps({"spec": {"active": True}}))
+        status = op.wait_in(namespace, "paused")["status"]
+        assert status["phase"] == "Succeeded", json.dumps(status)[-2000:]
+        done = status["attempts"]
+        assert [a["result"] for a in done] == ["Preempted", "Succeeded"], done
+        assert done[1]["resumedFromStep"] >= 1 and done[1]["workload"] == second["metadata"]["name"], done
+        _books_match(op, crd, {namespace: ["paused"]})
+    finally:
+        op.stop()
+
+
 # Slow (CI time): `make test` covers Kueue preemption with
 # test_kueue_cluster::test_preemption_and_release_by_the_owner and the operator with Kueue with the
 # two-teams test.

@@ -54,6 +54,10 @@ def test_the_workload_carries_the_plan_the_class_the_queue_and_the_owner():
     requests = pod["containers"][0]["resources"]["requests"]
     assert requests["nvidia.com/gpu"] == "4" and requests["cpu"] == "4000m"
     assert requests["memory"] == f"{512 * 1024}Mi"  # half the pod's GPUs: half its host memory
+    assert "active" not in spec  # Kueue's default: active
+    paused = workload_for(namespace="team-a", name="cat", uid=UID, attempt=3, plan=PLAN, queue="gpu-queue",
+                          priority=250, inventory=INVENTORY, cpus_per_rank=None, active=False)
+    assert paused["spec"]["active"] is False
 
 
 def test_cpu_ranks_ask_for_cpu_not_gpus_and_a_class_without_selector_has_none():
@@ -93,6 +97,8 @@ def test_reading_what_kueue_says():
                                 ADMISSION))
     assert evicted.evicted == ("Preempted", "Preempted to accommodate a workload (UID: x)")
     assert read_workload(_wl([("Finished", "True", "VideoJobAttemptEnded", "")])).finished
+    assert not admitted.deactivated and read_workload({**_wl([]), "spec": {"active": False}}).deactivated
+    assert not read_workload({**_wl([]), "spec": {"active": True}}).deactivated
 
 
 def test_an_admitted_flavor_is_read_as_a_class_by_name_or_by_node_labels():

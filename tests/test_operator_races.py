@@ -241,11 +241,11 @@ def test_a_failed_status_write_after_success_does_not_count_the_gpus_twice(crd, 
     failed: list[dict] = []
 
     class FailingOnce(VideoJobs):
-        def patch_status(self, ns, name, status, expect=None, uid=None):
+        def patch_status(self, ns, name, status, expect=None, uid=None, known=None):
             if status.get("phase") == "Succeeded" and not failed:
                 failed.append(status)
                 raise RuntimeError("the API server refused the write (injected by the test)")
-            return super().patch_status(ns, name, status, expect, uid)
+            return super().patch_status(ns, name, status, expect, uid, known)
 
     op = operators(jobs_class=FailingOnce)
     create(crd, namespace, _one_rank("once"))

@@ -223,8 +223,8 @@ class Run:
         run = self
 
         class RecordingJobs(VideoJobs):
-            def patch_status(self, ns, name, status, expect=None, uid=None):
-                obj = super().patch_status(ns, name, status, expect, uid)
+            def patch_status(self, ns, name, status, expect=None, uid=None, known=None):
+                obj = super().patch_status(ns, name, status, expect, uid, known)
                 run.patches.append((status, run.controller.admissions.snapshot()))
                 return obj
 

@@ -235,10 +235,10 @@ def test_a_failed_status_write_leaves_the_driver_in_ray(crd, namespace, head, tm
     failing = threading.Event()
 
     class FailingJobs(VideoJobs):
-        def patch_status(self, ns, name, status, expect=None, uid=None):
+        def patch_status(self, ns, name, status, expect=None, uid=None, known=None):
             if failing.is_set() and status.get("phase") == "Succeeded":
                 raise RuntimeError("injected: the status write of the attempt's end failed")
-            return super().patch_status(ns, name, status, expect, uid)
+            return super().patch_status(ns, name, status, expect, uid, known)
 
     op = Operator(crd, namespace, tmp_path, head, jobs_cls=FailingJobs)
     try:

@@ -74,10 +74,13 @@ def pod_set_requests(klass: GpuClass, gpus: int, device: str, cpus_per_rank: flo
 
 
 def workload_for(*, namespace: str, name: str, uid: str, attempt: int, plan: dict[str, Any], queue: str,
-                 priority: int, inventory: ClusterInventory, cpus_per_rank: float | None) -> dict[str, Any]:
+                 priority: int, inventory: ClusterInventory, cpus_per_rank: float | None,
+                 active: bool = True) -> dict[str, Any]:
     """The Workload of ``attempt`` with ``plan``: one pod set of the plan's GPUs, CPU and
     memory with the class's node selector, in LocalQueue ``queue``, owned by the
-    VideoJob (deleted with it), with the job's priority's WorkloadPriorityClass."""
+    VideoJob (deleted with it), with the job's priority's WorkloadPriorityClass.
+    ``active`` False: made deactivated (the job's last Workload was deactivated by someone:
+    Kueue admits this one only once they set its spec.active true)."""
     klass = inventory.get(plan["gpuClass"]) if plan.get("gpuClass") else inventory.classes[0]
     spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [{
         "name": "ranks", "image": "videojob-ranks",  # never run: Kueue reads the requests
@@ -95,7 +98,8 @@ def workload_for(*, namespace: str, name: str, uid: str, attempt: int, plan: dic
         "spec": {"queueName": queue, "priority": int(priority),
                  "priorityClassRef": {"group": GROUP, "kind": "WorkloadPriorityClass",
                                       "name": priority_class_name(priority)},
-                 "podSets": [{"name": POD_SET, "count": 1, "template": {"spec": spec}}]},
+                 "podSets": [{"name": POD_SET, "count": 1, "template": {"spec": spec}}],
+                 **({} if active else {"active": False})},
     }
 
 
@@ -108,6 +112,12 @@ class WorkloadState:
     evicted: tuple[str, str] | None  # (reason, message) while Kueue evicts or preempted it
     finished: bool
     waiting: str  # Kueue's message while it is not admitted
+    deactivated: bool = False  # its spec.active is false: Kueue evicts it and admits it no more until true
+
+
+# Kueue's eviction reasons for a Workload whose spec.active was set false (v1beta1/v1beta2
+# WorkloadDeactivated; older releases said InactiveWorkload): a pause, not a preemption.
+DEACTIVATED_REASONS = frozenset({"Deactivated", "InactiveWorkload"})
 
 
 def _conditions(wl: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -134,7 +144,8 @@ def read_workload(wl: dict[str, Any]) -> WorkloadState:
     waiting = str(quota.get("message") or "") if quota.get("status") != "True" else ""
     if not waiting and not admitted:
         waiting = "Kueue has not looked at the Workload yet" if not conds else "admission checks pending"
-    return WorkloadState(admitted, flavor, evicted, finished, waiting)
+    deactivated = (wl.get("spec") or {}).get("active") is False
+    return WorkloadState(admitted, flavor, evicted, finished, waiting, deactivated)
 
 
 def class_of_flavor(flavor: str | None, flavors: dict[str, dict[str, str]], inventory: ClusterInventory) -> str | None:
@@ -367,5 +378,5 @@ class KueueApi:
         return {i["metadata"]["name"]: dict((i.get("spec") or {}).get("nodeLabels") or {}) for i in items}
 
 
-__all__ = ["GPU_RESOURCE", "KueueApi", "WorkloadCache", "WorkloadState", "class_of_flavor", "priority_class_for",
+__all__ = ["DEACTIVATED_REASONS", "GPU_RESOURCE", "KueueApi", "WorkloadCache", "WorkloadState", "class_of_flavor", "priority_class_for",
            "priority_class_name", "read_workload", "workload_for", "workload_name"]

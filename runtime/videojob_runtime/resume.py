@@ -83,26 +83,51 @@ def _base(scheduler):
     return getattr(scheduler, "module", scheduler)  # xfuser's wrapper keeps the diffusers scheduler
 
 
-def scheduler_state(scheduler) -> dict[str, Any]:
-    """The scheduler's instance attributes that are numbers, strings, tensors or lists of them."""
+def _kept(name: str, value) -> str | None:
+    """What kind of scheduler attribute ``scheduler_state`` keeps (tensor, plain, list), or None."""
     import torch
 
+    if name in ("config", "_internal_dict") or name.startswith("__"):
+        return None
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    if isinstance(value, _PLAIN):
+        return "plain"
+    if isinstance(value, (list, tuple)) and all(isinstance(v, torch.Tensor) or isinstance(v, _PLAIN) for v in value):
+        return "list"
+    return None
+
+
+def scheduler_state(scheduler) -> dict[str, Any]:
+    """The scheduler's instance attributes that are numbers, strings, tensors or lists of them."""
     out: dict[str, Any] = {}
     for name, value in vars(_base(scheduler)).items():
-        if name in ("config", "_internal_dict") or name.startswith("__"):
-            continue
-        if isinstance(value, torch.Tensor) or isinstance(value, _PLAIN):
-            out[name] = value
-        elif isinstance(value, (list, tuple)) and all(isinstance(v, torch.Tensor) or isinstance(v, _PLAIN)
-                                                     for v in value):
-            out[name] = list(value)
+        kind = _kept(name, value)
+        if kind is not None:
+            out[name] = list(value) if kind == "list" else value
     return out
 
 
 def restore_scheduler_state(scheduler, state: dict[str, Any], device) -> None:
+    """Set the saved attributes back: only data attributes of the kinds ``scheduler_state`` keeps,
+    each of the kind this scheduler has now where it has it (a None stands for any: schedulers
+    start some at None), never a name its class defines (a method, a property) or the config. A
+    checkpoint naming any other is refused whole (ValueError) before anything is set: a rank's
+    scheduler outlives the job when its group is reused by the next one (issue 36)."""
     import torch
 
     base = _base(scheduler)
+    now = vars(base)
+    for name, value in state.items():
+        if not isinstance(name, str) or not name.isidentifier() or hasattr(type(base), name):
+            raise ValueError(f"checkpoint names scheduler attribute {name!r}, which is not a data attribute "
+                             "a checkpoint keeps")
+        saved = _kept(name, value)
+        current = _kept(name, now[name]) if name in now else saved  # (made during steps: not there yet)
+        if saved is None or current is None:
+            raise ValueError(f"checkpoint's scheduler attribute {name!r} is not one a checkpoint keeps")
+        if saved != current and value is not None and now[name] is not None:
+            raise ValueError(f"checkpoint's scheduler attribute {name!r} is a {saved}, this scheduler's a {current}")
 
     def place(name: str, value):
         if not isinstance(value, torch.Tensor):

@@ -64,6 +64,9 @@ class Reason(str, Enum):
     SUBMISSION_REFUSED = "SubmissionRefused"  # Ray's Jobs API refused the driver for good (a 4xx): not retried
     KUEUE_PENDING = "KueuePending"  # kueue mode: the attempt's Workload waits for Kueue (its message says why)
     KUEUE_EVICTED = "KueueEvicted"  # kueue mode: Kueue evicted or preempted the Workload: stopped, queued again
+    # kueue mode: someone set the Workload's spec.active false: stopped at a checkpoint, and the job
+    # waits (its next Workload is made inactive too) until a Workload of it is active again
+    KUEUE_DEACTIVATED = "KueueDeactivated"
     OPERATOR_ERROR = "OperatorError"  # the operator failed handling the job (e.g. RBAC it lacks): tried again
 
 

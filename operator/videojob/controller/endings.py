@@ -29,6 +29,7 @@ from typing import Any
 
 from ..api import VideoJob
 from ..api.status import ConditionType, Phase, Reason
+from ..kueue import DEACTIVATED_REASONS
 from ..raycluster.client import RayUnavailable
 from .context import epoch
 from .groups import present, teardown_groups
@@ -165,16 +166,19 @@ class Endings:
             by = f"Kueue ({evicted[0]}: {evicted[1][:300]})"
             attempts = [{**a, "reason": evicted[0]} if a.get("number") == attempt["number"] else a
                         for a in attempts]
-        message = (f"attempt {attempt['number']} preempted" + (f" by {by}" if by else "")
-                   + f" after step {error.get('step') or '?'}; "
+        paused = evicted is not None and evicted[0] in DEACTIVATED_REASONS
+        message = (f"attempt {attempt['number']} " + ("stopped" if paused else "preempted")
+                   + (f" by {by}" if by else "") + f" after step {error.get('step') or '?'}; "
                    + (f"checkpoint of step {saved} saved; " if saved else "no checkpoint to resume from; ")
-                   + "queued again with its priority and age")
+                   + ("its Workload was deactivated: the job waits until a Workload of it is active again (the "
+                      "next one is made inactive; its status names it)" if paused
+                      else "queued again with its priority and age"))
         attempts = [{**a, "message": message} if a.get("number") == attempt["number"] else a for a in attempts]
+        reason = Reason.KUEUE_DEACTIVATED if paused else Reason.KUEUE_EVICTED if evicted else Reason.PREEMPTED
         self.book.update({"phase": Phase.QUEUED.value, "attempts": attempts, "message": message, "progress": None,
                           "actorGroup": None,
-                          "conditions": self.book.condition(ConditionType.ADMITTED, "False",
-                                                            Reason.KUEUE_EVICTED if evicted else Reason.PREEMPTED,
-                                                            message)}, event_message=message)
+                          "conditions": self.book.condition(ConditionType.ADMITTED, "False", reason, message)},
+                         event_message=message)
         after_end(self)
         return True
 

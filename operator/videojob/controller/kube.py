@@ -1,10 +1,14 @@
 """The operator's own calls to the Kubernetes API (kopf does the watching).
 
-Status is written with JSON merge patches on the status subresource. A patch
-can carry the resourceVersion it was computed from (``expect``): the API
-server then refuses it with 409 if the object changed meanwhile, and the
-caller re-reads and recomputes. Used where a lost update would duplicate
-work (the submission id written before a driver is submitted).
+Status is written on the status subresource, with merge-patch semantics. A
+job's own writes carry its uid (``StatusBook``): the API server ignores a uid
+in a merge patch, so those are JSON patches whose first op tests
+/metadata/uid, and a job deleted and made again under its name is never
+written by the old job's thread (``Gone``). A patch can carry the
+resourceVersion it was computed from (``expect``): the API server then
+refuses it if the object changed meanwhile, and the caller re-reads and
+recomputes. Used where a lost update would duplicate work (the submission id
+written before a driver is submitted).
 """
 
 from __future__ import annotations
@@ -113,6 +117,35 @@ def with_retries(call: Callable[[], T], what: str, attempts: int = 6, first_dela
     raise AssertionError("unreachable")  # the loop returns or raises
 
 
+def _pointer(key: str) -> str:
+    return "/status/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def status_json_patch(changes: dict[str, Any], known: dict[str, Any] | None, uid: str,
+                      expect: str | None = None) -> list[dict[str, Any]]:
+    """A JSON patch (RFC 6902) that writes ``changes`` onto the status ``known`` the way a merge
+    patch would (each changed top-level key set to its merged value; None removes it), and only to
+    the object ``uid`` (a test op first; another object of the name fails the whole patch), and with
+    ``expect`` only at that resourceVersion. ``known``: the status as last read ({}: the object had
+    none, so it is added whole; None: not read, each key is added, which fails while the object has
+    no status at all: ``VideoJobs`` then adds it whole)."""
+    from .status import merged
+
+    ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
+    if expect is not None:
+        ops.append({"op": "test", "path": "/metadata/resourceVersion", "value": expect})
+    target = merged(known or {}, changes)
+    if known == {}:
+        return [*ops, {"op": "add", "path": "/status", "value": target}]
+    for key, value in changes.items():
+        if value is None:
+            if known is not None and key in known:  # (removing a key that is not there fails; merge ignores it)
+                ops.append({"op": "remove", "path": _pointer(key)})
+        else:
+            ops.append({"op": "add", "path": _pointer(key), "value": target[key]})
+    return ops
+
+
 class VideoJobs:
     """get / list / patch-status of VideoJobs."""
 
@@ -184,11 +217,16 @@ class VideoJobs:
         return True
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any],
-                     expect: str | None = None, uid: str | None = None) -> dict[str, Any]:
-        """Merge-patch ``status``; with ``expect`` (a resourceVersion) only if unchanged since.
-        ``uid``: the object it is meant for. (Not sent: the API server ignores a uid in a status
-        merge patch, measured on 2026-12-07 against kube-apiserver 1.34; an object made again
-        under the name is refused by the caller's reads, ``StatusBook.load``.)"""
+                     expect: str | None = None, uid: str | None = None,
+                     known: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write ``status`` (merge-patch semantics: dicts merge, None removes); with ``expect`` (a
+        resourceVersion) only if unchanged since. ``uid``: only to that object, never to one made
+        again under the name (Gone). The API server ignores a uid in a merge patch (measured on
+        kube-apiserver 1.34, 2026-12-07), so with a uid the write is a JSON patch whose first op
+        tests /metadata/uid; ``known``: the status as the caller last read it, which the JSON
+        patch's ops are built against (``status_json_patch``)."""
+        if uid is not None:
+            return self._json_patch_status(namespace, name, status, known, uid, expect)
         body: dict[str, Any] = {"status": status}
         if expect is not None:
             body["metadata"] = {"resourceVersion": expect}
@@ -201,3 +239,26 @@ class VideoJobs:
             if exc.status == 404:
                 raise Gone(f"{namespace}/{name}") from None
             raise
+
+    def _json_patch_status(self, namespace: str, name: str, status: dict[str, Any], known: dict[str, Any] | None,
+                           uid: str, expect: str | None) -> dict[str, Any]:
+        for attempt in range(2):
+            ops = status_json_patch(status, known, uid, expect)
+            try:
+                return with_retries(lambda: self.api.patch_namespaced_custom_object_status(
+                    API_GROUP, API_VERSION, namespace, PLURAL, name, ops,
+                    _content_type="application/json-patch+json"), f"patch {namespace}/{name} status")
+            except ApiException as exc:
+                if exc.status == 404:
+                    raise Gone(f"{namespace}/{name}") from None
+                if exc.status not in (409, 422):  # 422: an op failed (a test, or a path that is not there)
+                    raise
+            now = self.get(namespace, name)  # which precondition failed (Gone when the object is)
+            if now["metadata"].get("uid") != uid:
+                raise Gone(f"{namespace}/{name} (uid {uid}): another object of that name now")
+            if known is None and not now.get("status") and attempt == 0:
+                known = {}  # no status yet: added whole
+                continue
+            break
+        raise Conflict(f"{namespace}/{name} changed since resourceVersion {expect}"
+                       if expect is not None else f"{namespace}/{name}: its status changed since it was read")

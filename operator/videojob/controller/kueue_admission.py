@@ -20,7 +20,7 @@ from typing import Any
 
 from ..api import VideoJob
 from ..api.status import ConditionType, Phase, Reason
-from ..kueue import class_of_flavor, read_workload, workload_for
+from ..kueue import LABEL_ATTEMPT, class_of_flavor, read_workload, workload_for
 from ..scheduling import Admission
 from .context import Parked
 from .kube import with_retries
@@ -43,10 +43,11 @@ class KueueQueueing:
         if parked is None:
             self._kueue_call(stopped, lambda: kueue.ensure_priority_class(priority), "WorkloadPriorityClass")
         shown, self._kueue_shown = self._kueue_shown, None
+        paused = parked is None and self._kueue_paused(stopped)
         while True:
             body = workload_for(namespace=self.namespace, name=self.name, uid=self.uid, attempt=number, plan=plan,
                                 queue=queue, priority=priority, inventory=self.ctx.inventory,
-                                cpus_per_rank=settings.cpus_per_rank)
+                                cpus_per_rank=settings.cpus_per_rank, active=not paused)
             name = body["metadata"]["name"]
             wl = None
             if parked is not None and parked[0] == name:  # read from the watch's cache, not made again
@@ -69,10 +70,13 @@ class KueueQueueing:
                              name, state.evicted[0])
                     self._kueue_call(stopped, lambda: kueue.requeue(self.namespace, name), f"Workload {name}")
                 message = f"waiting for Kueue (LocalQueue {queue}, Workload {name}): {state.waiting}"
+                reason = Reason.KUEUE_PENDING
+                if state.deactivated:
+                    message, reason = deactivated_message(self.namespace, name), Reason.KUEUE_DEACTIVATED
                 if message != shown:
                     changes, event = self._with_plan(
                         {"phase": Phase.QUEUED.value, "queue": None, "message": message[:1000]},
-                        (ConditionType.ADMITTED, "False", Reason.KUEUE_PENDING, message))
+                        (ConditionType.ADMITTED, "False", reason, message))
                     self.book.update(changes, event_message=event)
                     self._unwritten_plan = None
                     shown = message
@@ -110,6 +114,19 @@ class KueueQueueing:
                                         float(plan.get("estimatedSeconds") or 60.0), None, self._pool_key(job, plan))
             self._capacity_metrics()
             return Admission(self.key, klass_name, 0, int(plan["gpus"]), workload=name), plan
+
+    def _kueue_paused(self, stopped) -> bool:
+        """Whether the job waits for someone to activate it again: the newest of its Workloads
+        (by attempt) is deactivated (spec.active false), so its next one is made inactive too.
+        Read from Kueue's objects, not from the job's status: a restart or another condition
+        written meanwhile loses nothing."""
+        if not self.book.status.get("attempts"):
+            return False
+        mine = self._kueue_call(stopped, lambda: self.ctx.kueue.of_job(self.namespace, self.uid),
+                                "Workloads of the job")
+        newest = max(mine, key=lambda wl: int((wl["metadata"].get("labels") or {}).get(LABEL_ATTEMPT) or 0),
+                     default=None)
+        return newest is not None and read_workload(newest).deactivated
 
     def parked_workload(self) -> tuple[str, str, str | None] | None:
         """(namespace, name, the resourceVersion it last read) of the Workload the job
@@ -155,6 +172,8 @@ class KueueQueueing:
         state = read_workload(wl)
         if state.evicted is not None:
             return state.evicted
+        if state.deactivated:  # Kueue evicts it next: the pause starts now
+            return ("Deactivated", f"its Workload {name} was deactivated (spec.active: false)")
         if not state.admitted:
             return ("AdmissionRemoved", state.waiting or "Kueue no longer admits its Workload")
         return None
@@ -184,4 +203,11 @@ class KueueQueueing:
             log.warning("%s: Workloads not deleted; the garbage collector will", self.key, exc_info=True)
 
 
-__all__ = ["KueueQueueing"]
+def deactivated_message(namespace: str, workload: str) -> str:
+    """What a job paused by a deactivated Workload says: why it waits, and the command that ends the wait."""
+    return (f"Workload {workload} is deactivated (its spec.active is false), so Kueue does not admit it; the job "
+            f"waits and resumes from its checkpoint once it is active: kubectl patch workloads.kueue.x-k8s.io "
+            f"{workload} -n {namespace} --type merge -p '{{\"spec\":{{\"active\":true}}}}'")
+
+
+__all__ = ["KueueQueueing", "deactivated_message"]

@@ -87,7 +87,8 @@ class StatusBook:
         patch = {k: v for k, v in changes.items() if self.status.get(k) != v}
         try:
             obj = self.jobs.patch_status(self.namespace, self.name, patch,
-                                         expect=self.resource_version if expect else None, uid=self.uid)
+                                         expect=self.resource_version if expect else None, uid=self.uid,
+                                         known=self.status if self.resource_version is not None else None)
         except Conflict:
             raise
         self.status = obj.get("status") or target
