@@ -153,17 +153,13 @@ class Beneath:
     def names(self) -> list[str]:
         return os.listdir(self.fd)
 
-    def read(self, name: str, limit: int | None = None) -> bytes:
+    def read(self, name: str) -> bytes:
         """A regular file's bytes (a link or anything else is refused: OSError)."""
         fd = os.open(_plain(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise OSError(f"{name} is not a regular file")
-            return f.read() if limit is None else f.read(limit)
-
-    def subdir(self, name: str, *, create: bool = False) -> Beneath:
-        """A directory in this one, opened the same way."""
-        return Beneath(self.root, self.relative / _plain(name), create=create, field=self.field, stage=self.stage)
+            return f.read()
 
     def rmtree(self, name: str) -> None:
         """Remove a directory in this one and what it holds, links not followed."""
