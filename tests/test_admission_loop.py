@@ -396,6 +396,38 @@ def test_the_books_preempt_for_a_higher_priority_and_let_idle_groups_expire(capl
     assert "admission: expired g-high class=cpu4  allocated=0/4 idle=0" in caplog.text
 
 
+def test_a_job_found_running_after_a_restart_counts_from_its_start_and_stays_preemptible():
+    """The books' expected end of a job found running (operator start, adopted driver) counts
+    from its attempt's startedAt, not from the restart: a job at step 40 of 50 after 1000 s
+    has ~250 s left and a higher-priority job preempts it; counted from the restart it looked
+    about to finish (0 s left), never a victim."""
+    from videojob.controller.context import parse_time
+
+    now = [5000.0]
+    books = Admissions(INVENTORY, idle_ttl_s=0, clock=lambda: now[0])
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 1000))
+    low = Ask("ns/low", "cpu4", 4, priority=0, seq=0, est_seconds=600.0, pool_key="m-low")
+    books.running("ns/low", "cpu4", 4, 600.0, "g-low", "m-low", ask=low, started_at=started_at)
+    run = books.scheduler.running["ns/low"]
+    assert abs((now[0] - run.started) - (time.time() - parse_time(started_at))) < 5
+    books.progress("ns/low", 40, 50)
+    assert 200 < run.est_end - now[0] < 300, run.est_end - now[0]
+    high = Ask("ns/high", "cpu4", 4, priority=10, seq=1, est_seconds=60.0, pool_key="m-high")
+    assert books.request(high)[0] is None
+    assert books.preempted_by("ns/low") == "ns/high"
+
+
+def test_a_preemption_is_withdrawn_with_the_job_it_was_for():
+    """A victim not yet stopped need not stop for a job deleted meanwhile: it is free to
+    finish (and to be chosen again, for another job)."""
+    books = Admissions(INVENTORY, idle_ttl_s=0, clock=lambda: 1000.0)
+    books.request(Ask("ns/low", "cpu4", 4, priority=0, seq=0, est_seconds=3600.0, pool_key="m"))
+    books.request(Ask("ns/high", "cpu4", 4, priority=10, seq=1, est_seconds=60.0, pool_key="m"))
+    assert books.preempted_by("ns/low") == "ns/high"
+    books.cancel("ns/high")
+    assert not books.preempt_requested("ns/low") and not books.scheduler.running["ns/low"].preempting
+
+
 def test_a_job_in_line_to_show_its_place_goes_to_the_front_line_once_admitted():
     """Issue 36, 5: a job woken to show a new place (MOVED) waits last at the gate; admitted
     while it waits, its GPUs are booked and it waited behind a whole burst of new jobs. Its

@@ -17,6 +17,7 @@ itself without helm.)"""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -25,8 +26,9 @@ from pathlib import PurePosixPath
 import pytest
 import yaml
 
-from chart_support import (CHART, CI_VALUES, DRIVER_RESOURCE, KUBERAY_CI, MODES, NAMESPACE, TOKEN, VALUES, _inventory,
-                           _merged, ci_values, of_kind, one, operator_container, pod_specs, ray_containers)
+from chart_support import (CHART, CI_VALUES, DRIVER_RESOURCE, KUBERAY_CI, MODES, NAMESPACE, RELEASE, TOKEN, VALUES,
+                           _inventory, _merged, ci_values, of_kind, one, operator_container, pod_specs,
+                           ray_containers)
 from chart_support import chart, helm  # noqa: F401 - fixtures
 from helpers import env_of
 from videojob.settings import OperatorSettings
@@ -197,6 +199,35 @@ def test_operator_env_is_what_the_operator_reads(chart, ci, monkeypatch):
                       if v["name"] == mount["name"])
         assert volume["secret"]["secretName"] == values["ray"]["auth"]["existingSecret"]
         assert token.name in [i["path"] for i in volume["secret"]["items"]]
+
+
+@pytest.mark.parametrize("mode", ["embedded", "kuberay"])
+@pytest.mark.parametrize("existing", ["", "admins-runtime-key"])
+def test_the_operator_and_every_ray_container_read_one_runtime_key(chart, mode, existing):
+    """Issue 36, 13/14: the operator seals requests and the ranks sign checkpoints with the
+    runtime key: every container that runs either reads VIDEOJOB_RUNTIME_KEY_FILE from a
+    read-only mount of the same Secret (the chart's own, kept across upgrades, unless the
+    admin names one)."""
+    base = TOKEN if mode == "kuberay" else {"ray": {"mode": mode}}
+    docs = chart.render(values=_merged(base, {"runtimeKey": {"existingSecret": existing}}))
+    made = [d["metadata"]["name"] for d in of_kind(docs, "Secret")]
+    secret = existing or f"{RELEASE}-videojob-runtime-key"
+    assert made == ([] if existing else [secret])
+    if not existing:
+        (doc,) = of_kind(docs, "Secret")
+        assert len(base64.b64decode(doc["data"]["key"])) == 64
+        assert doc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    pods = pod_specs(docs)
+    assert len(pods) >= (3 if mode == "kuberay" else 1)
+    for where, pod in pods:
+        for container in pod["containers"]:
+            if container["name"] == "autoscaler":
+                continue
+            path = PurePosixPath(env_of(container)["VIDEOJOB_RUNTIME_KEY_FILE"])
+            mount = next(m for m in container["volumeMounts"] if PurePosixPath(m["mountPath"]) == path.parent)
+            volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+            assert mount["readOnly"] and volume["secret"]["secretName"] == secret, where
+            assert volume["secret"]["items"] == [{"key": "key", "path": path.name}], where
 
 
 # --- persistence and metrics ------------------------------------------------------------------

@@ -29,6 +29,7 @@ helpers the three share in tests/chart_install_support.py.
 """
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import sys
@@ -210,8 +211,8 @@ def test_upgrade_keeps_replicas_and_uninstall_keeps_only_the_documented(full_clu
     """`helm upgrade` with a class's maxPods and an operator setting changed: the
     RayCluster, the inventory and the Deployment's environment change, and the
     replicas the autoscaler set (and its worker pods) stay. `helm uninstall` then
-    leaves nothing of the release but the CRD and the data claim (helm.sh/resource-policy:
-    keep; README "Helm chart"); the RayCluster's pods and KubeRay's objects go too."""
+    leaves nothing of the release but the CRD, the data claim and the runtime key Secret
+    (helm.sh/resource-policy: keep; docs/chart.md); the RayCluster's pods and KubeRay's objects go too."""
     system, jobs = full_namespaces(), full_namespaces()
     args = gpu_args(jobs)
     docs = rendered(helm, system, args)
@@ -227,6 +228,9 @@ def test_upgrade_keeps_replicas_and_uninstall_keeps_only_the_documented(full_clu
         scale(full_cluster, system, rc, {l40: 2})
         workers = {p["metadata"]["name"] for p in wait_pods(full_cluster, system, worker_selector(rc, l40), 2)[0]}
         before = full_cluster.get_json("deployment", RELEASE, "-n", system)
+        key_secret = next(v["secret"]["secretName"] for v in before["spec"]["template"]["spec"]["volumes"]
+                          if v["name"] == "runtime-key")
+        key = full_cluster.get_json("secret", key_secret, "-n", system)["data"]
 
         changed = [dict(c, maxPods=2) if c["name"] == h100 else c for c in GPU_CLASSES.values()]
         assert GPU_CLASSES[h100]["maxPods"] != 2
@@ -238,6 +242,8 @@ def test_upgrade_keeps_replicas_and_uninstall_keeps_only_the_documented(full_clu
         raycluster = full_cluster.get_json("raycluster", rc, "-n", system)
         groups = {g["groupName"]: g for g in raycluster["spec"]["workerGroupSpecs"]}
         assert groups[h100]["maxReplicas"] == 2
+        assert full_cluster.get_json("secret", key_secret, "-n", system)["data"] == key, \
+            "the upgrade made a new runtime key: running jobs' checkpoints would no longer be read"
         assert groups[l40]["replicas"] == 2, "the upgrade reset the autoscaler's replicas"
         assert groups[h100]["replicas"] == 0
         wait_for(f"KubeRay to reconcile the upgraded RayCluster {system}/{rc}", lambda: (
@@ -266,8 +272,8 @@ def test_upgrade_keeps_replicas_and_uninstall_keeps_only_the_documented(full_clu
 
     no_release(helm, system)
     assert not full_cluster.get_json("secrets", "-n", system, "-l", "owner=helm")["items"], "a release record"
-    kept = {("PersistentVolumeClaim", system, claim["metadata"]["name"])}
-    wait_for("only the data claim to be left of the release (Pods and ReplicaSets included)",
+    kept = {("PersistentVolumeClaim", system, claim["metadata"]["name"]), ("Secret", system, key_secret)}
+    wait_for("only the data claim and the runtime key to be left of the release (Pods and ReplicaSets included)",
              lambda: release_objects(full_cluster, kinds | {"Pod", "ReplicaSet"}, [system, jobs]) == kept,
              timeout=60, interval=0.5)
     kuberay_made = "pods,services,serviceaccounts,roles,rolebindings"
@@ -311,6 +317,11 @@ def test_operator_runs_a_job_under_the_charts_rbac_and_inventory(full_cluster, h
             assert inventory_file == Path(str(root) + str(path))
             inventory_file.write_text(full_cluster.get_json("configmap", name, "-n", system)["data"][path.name])
             (klass,) = load_inventory(str(inventory_file)).classes
+            # The runtime key Secret's file where the pod mounts it (the ranks sign checkpoints with it).
+            key_volume = next(v for v in pod["volumes"] if v["name"] == "runtime-key")["secret"]
+            secret = full_cluster.get_json("secret", key_volume["secretName"], "-n", system)
+            Path(env["VIDEOJOB_RUNTIME_KEY_FILE"]).write_bytes(
+                base64.b64decode(secret["data"][key_volume["items"][0]["key"]]))
             del env["VIDEOJOB_METRICS_PORT"]  # the harness's free port instead of the pod's 8080
             env["VIDEOJOB_DRIVER_PYTHON"] = sys.executable  # `python` is the runtime image's
             assert env["VIDEOJOB_RAY_MODE"] == "embedded" and env["VIDEOJOB_NAMESPACES"] == jobs

@@ -48,6 +48,7 @@ def test_every_ray_container_gets_the_store_and_the_secret_s_credentials(chart):
         env = _env(container)
         assert env["VIDEOJOB_S3_ENDPOINT_URL"]["value"] == "https://s3.example.com", where
         assert env["VIDEOJOB_S3_BUCKETS"]["value"] == "videos,models"
+        assert env["VIDEOJOB_S3_TENANT_PREFIX"]["value"] == "videojob-tenants"  # issue 36, 12: the default
         assert env["VIDEOJOB_S3_CACHE_ROOT"]["value"].endswith("/s3-cache")
         assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "videojob-s3",
                                                                              "key": "AWS_SECRET_ACCESS_KEY"}
@@ -55,7 +56,8 @@ def test_every_ray_container_gets_the_store_and_the_secret_s_credentials(chart):
 
 
 @pytest.mark.parametrize("bad", [{"buckets": ["Not_A_Bucket"]}, {"endpointUrl": "s3.example.com"},
-                                 {"credentials": "inline"}, {"presignExpiryS": 10**7}])
+                                 {"credentials": "inline"}, {"presignExpiryS": 10**7}, {"tenantPrefix": ""},
+                                 {"tenantPrefix": "a/../b"}, {"tenantPrefix": "a..b"}, {"tenantPrefix": "/x"}])
 def test_bad_s3_values_are_refused_by_the_schema(chart, bad):
     result = chart.template(None, _values(**bad))
     assert result.returncode != 0 and "s3" in result.stderr, result.stderr
@@ -66,7 +68,7 @@ def test_the_rendered_environment_uploads_to_a_real_store(chart, tmp_path):
     server = start_s3_server(tmp_path / "data", tmp_path / "rclone.log")
     try:
         secret = {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
-        docs = chart.render(None, _values(endpointUrl=server.endpoint))
+        docs = chart.render(None, _values(endpointUrl=server.endpoint, tenantPrefix="jobs/tenants"))
         (rc,) = of_kind(docs, "RayCluster")
         _, container = ray_containers(rc)[0]
         env = {}
@@ -93,8 +95,8 @@ def test_the_rendered_environment_uploads_to_a_real_store(chart, tmp_path):
         clean = {k: v for k, v in os.environ.items() if not k.startswith(("VIDEOJOB_S3_", "AWS_"))}
         result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "x.txt"), payload],
                                 capture_output=True, text=True, timeout=120, env={**clean, **env})
-        assert "s3://videos/team-a/clips/x.txt" in result.stdout, result.stdout + result.stderr
+        assert "s3://videos/jobs/tenants/team-a/clips/x.txt" in result.stdout, result.stdout + result.stderr
         assert "bucket private is not one this cluster lets jobs use" in result.stderr, result.stderr
-        assert (tmp_path / "data" / bucket / "team-a" / "clips" / "x.txt").read_text() == payload
+        assert (tmp_path / "data" / bucket / "jobs" / "tenants" / "team-a" / "clips" / "x.txt").read_text() == payload
     finally:
         server.stop()

@@ -82,6 +82,7 @@ RENDERED_ELSEWHERE = {
     "ray_mode": "ray.mode",
     "ray_dashboard_url": "ray.address / the RayCluster's head Service",
     "ray_token_file": "ray.auth.existingSecret",
+    "runtime_key_file": "runtimeKey.* (the runtime key Secret, mounted)",
     "inventory_file": "the inventory ConfigMap",
     "namespaces": "watch.*",
     "metrics_port": "metrics.port",

@@ -48,9 +48,9 @@ def test_a_checkpoint_reads_back_and_the_store_keeps_the_two_newest(tmp_path):
 
 
 @pytest.mark.parametrize("damage, why", [
-    (lambda b: b[: len(b) - 7], "truncated"),
-    (lambda b: b[:-40] + bytes([b[-40] ^ 0xFF]) + b[-39:], "checksum"),
-    (lambda b: b[:30], "header"),
+    (lambda b: b[: len(b) - 7], "not signed"),
+    (lambda b: b[:-40] + bytes([b[-40] ^ 0xFF]) + b[-39:], "not signed"),
+    (lambda b: b[:30], "not signed"),
     (lambda b: b"not a checkpoint at all", "magic"),
 ])
 def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, damage, why):
@@ -67,13 +67,51 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, dama
 def test_a_foreign_checkpoint_is_never_used(tmp_path):
     CheckpointStore(tmp_path, "b" * 64, steps=10).save(4, _state())
     other_spec = CheckpointStore(tmp_path, "c" * 64, steps=10).newest()
-    assert other_spec.checkpoint is None and "another spec" in other_spec.refused[0]
+    assert other_spec.checkpoint is None and "not signed for this job" in other_spec.refused[0]
     other_steps = CheckpointStore(tmp_path, "b" * 64, steps=12).newest()
     assert other_steps.checkpoint is None and "10 steps" in other_steps.refused[0]
     renamed = tmp_path / file_name(6)
     (tmp_path / file_name(4)).rename(renamed)  # a file renamed to claim another step
     moved = CheckpointStore(tmp_path, "b" * 64, steps=10).newest()
     assert moved.checkpoint is None and "step 4" in moved.refused[0]
+
+
+def test_only_a_checkpoint_signed_for_the_job_is_read(tmp_path, monkeypatch):
+    """Issue 36, 14: the files lie in the tenant's own directory. One signed with a key the
+    tenant could know (anything but the runtime key), one of the same spec from another
+    namespace, and an unsigned one of the old format are refused before any byte of them is
+    parsed; the job's own reads back. The key comes from the runtime key file: another file
+    (another cluster, or a forged key) reads none of them."""
+    import hashlib
+    import json
+    import struct
+
+    from videojob import runtimekey
+    from videojob_runtime import checkpoint
+
+    key_file = tmp_path / "runtime-key"
+    key_file.write_text("k" * 64)
+    monkeypatch.setenv(runtimekey.KEY_ENV, str(key_file))
+    fp = "e" * 64
+    ours = checkpoint.job_key("team-a", fp)
+    assert ours == checkpoint.job_key("team-a", fp) != checkpoint.job_key("team-b", fp)
+    ck = tmp_path / "ck"
+    CheckpointStore(ck, fp, steps=10, key=hashlib.sha256(b"a tenant's guess").digest()).save(8, _state(8))
+    CheckpointStore(ck, fp, steps=10, key=checkpoint.job_key("team-b", fp)).save(6, _state(6))
+    payload = b"\x80\x02}q\x00."  # format 1: no signature
+    header = json.dumps({"format": 1, "fingerprint": fp, "step": 4, "steps": 10, "size": len(payload),
+                         "sha256": hashlib.sha256(payload).hexdigest()}).encode()
+    (ck / file_name(4)).write_bytes(checkpoint.MAGIC + struct.pack(">Q", len(header)) + header + payload)
+    found = CheckpointStore(ck, fp, steps=10, key=ours, keep=5).newest()
+    assert found.checkpoint is None and len(found.refused) == 3, found.refused
+    assert all("not signed for this job" in why for why in found.refused), found.refused
+    CheckpointStore(ck, fp, steps=10, key=ours, keep=5).save(2, _state(2))
+    assert CheckpointStore(ck, fp, steps=10, key=ours, keep=5).newest().checkpoint.step == 2
+    other = tmp_path / "other-key"
+    other.write_text("o" * 64)
+    monkeypatch.setenv(runtimekey.KEY_ENV, str(other))
+    elsewhere = CheckpointStore(ck, fp, steps=10, key=checkpoint.job_key("team-a", fp), keep=5).newest()
+    assert elsewhere.checkpoint is None and len(elsewhere.refused) == 4
 
 
 def test_a_checkpoint_cannot_run_code_when_loaded(tmp_path):
@@ -90,11 +128,13 @@ def test_a_checkpoint_cannot_run_code_when_loaded(tmp_path):
             return (os.system, (f"touch {tmp_path / 'pwned'}",))
 
     payload = pickle.dumps({"x": Boom()}, protocol=2)
-    header = json.dumps({"format": 1, "fingerprint": "d" * 64, "step": 2, "steps": 10, "size": len(payload),
-                         "sha256": hashlib.sha256(payload).hexdigest()}).encode()
-    (tmp_path / file_name(2)).write_bytes(checkpoint.MAGIC + struct.pack(">Q", len(header)) + header + payload)
-    found = CheckpointStore(tmp_path, "d" * 64, steps=10).newest()
-    assert found.checkpoint is None and found.refused, found
+    header = json.dumps({"format": checkpoint.FORMAT, "fingerprint": "d" * 64, "step": 2, "steps": 10,
+                         "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}).encode()
+    signed = checkpoint.MAGIC + struct.pack(">Q", len(header)) + header + payload
+    store = CheckpointStore(tmp_path, "d" * 64, steps=10)  # signed with the job's own key: weights_only still refuses
+    (tmp_path / file_name(2)).write_bytes(signed + checkpoint._tag(store.key, signed))
+    found = store.newest()
+    assert found.checkpoint is None and "unsafe payload" in found.refused[0], found
     assert not (tmp_path / "pwned").exists()
 
 
@@ -126,6 +166,11 @@ def test_the_fingerprint_follows_what_changes_the_frames():
     assert fingerprint(base) != fingerprint({**base, "seed": 2})
     assert fingerprint(base) != fingerprint({**base, "prompt": "q"})
     assert fingerprint(base, {"image": b"1"}) != fingerprint(base, {"image": b"2"})
+    # Issue 36, 14: an input counts by its bytes, not where it was staged (an https input's
+    # path is new each attempt, and its job must resume).
+    staged = {**base, "image": "/staging/vj-inputs-a1-x/image.png"}
+    assert fingerprint(staged, {"image": b"1"}) == fingerprint({**base, "image": "/staging/a2-y/image.png"},
+                                                               {"image": b"1"})
 
 
 def test_bad_checkpoint_settings_are_refused_naming_the_field(tmp_path):
@@ -203,6 +248,24 @@ def test_an_interrupted_job_resumes_bit_identical(tmp_path, face_inputs, model_i
     assert not ckdir.exists(), "the checkpoints are removed after success"
 
 
+def test_an_input_staged_elsewhere_by_the_next_attempt_still_resumes(tmp_path, face_inputs):
+    """Issue 36, 14: an https input is staged under a new directory each attempt; the
+    checkpoint is keyed on the image's bytes, so the next attempt resumes."""
+    import shutil
+
+    worker = RankWorker(0, 1)
+    ckdir = tmp_path / "checkpoints"
+    first, second = tmp_path / "vj-inputs-a1", tmp_path / "vj-inputs-a2"
+    for where in (first, second):
+        where.mkdir()
+        shutil.copy(face_inputs, where / "image.png")
+    failed = worker.run(_request("tiny-i2vgen-xl", "i2v", first / "image.png", ckdir, checkpoint_every_steps=2,
+                                 inject_fault={"stage": "denoise", "step": 3}))
+    assert not failed["ok"] and [p.name for p in ckdir.iterdir()] == [file_name(2)]
+    resumed = worker.run(_request("tiny-i2vgen-xl", "i2v", second / "image.png", ckdir))
+    assert resumed["ok"] and resumed["checkpoints"]["resumedFromStep"] == 2, resumed.get("checkpoints")
+
+
 def test_a_corrupt_newest_checkpoint_resumes_from_the_older_one(tmp_path, face_inputs):
     worker = RankWorker(0, 1)
     ckdir = tmp_path / "checkpoints"
@@ -215,7 +278,7 @@ def test_a_corrupt_newest_checkpoint_resumes_from_the_older_one(tmp_path, face_i
     newest.write_bytes(bytes(data))
     resumed = worker.run(_request("tiny-wan", "t2v", face_inputs, ckdir))
     assert resumed["ok"] and resumed["checkpoints"]["resumedFromStep"] == 2, resumed.get("checkpoints")
-    assert "checksum" in resumed["checkpoints"]["refused"][0]
+    assert "not signed" in resumed["checkpoints"]["refused"][0]
     assert np.array_equal(resumed["frames"], whole["frames"])
 
 
@@ -227,7 +290,7 @@ def test_a_checkpoint_of_another_seed_is_not_resumed(tmp_path, face_inputs):
     assert (ckdir / file_name(2)).exists()
     other = worker.run(_request("tiny-wan", "t2v", face_inputs, ckdir, seed=12))
     assert other["ok"] and other["checkpoints"]["resumedFromStep"] == 0
-    assert "another spec" in other["checkpoints"]["refused"][0]
+    assert "not signed for this job" in other["checkpoints"]["refused"][0]
 
 
 def test_with_a_step_cache_the_resumed_frames_stay_close(tmp_path, face_inputs):

@@ -276,11 +276,11 @@ def test_jobs_scale_up_from_zero_and_land_on_their_class(release: Release):
 def _assert_in_bucket(release: Release, job: dict) -> None:
     """e2e-b's video, poster and result, uploaded by its rank on the cpu-b worker pod with the
     credentials the chart gave it from the Secret, are in the bucket under the namespace's
-    prefix, as a reader of the bucket finds them: exactly the three objects, the mp4 whole,
+    folder of the tenants' prefix, as a reader of the bucket finds them: exactly the three objects, the mp4 whole,
     the result JSON's digest the status's, no unfinished multipart upload, no staged copy
     left on the data volume; the presigned URL in the status serves the same mp4."""
     client, status = release.store.client(), job["status"]
-    output, prefix = status["output"], f"{release.namespace}/e2e-b/"
+    output, prefix = status["output"], f"videojob-tenants/{release.namespace}/e2e-b/"  # runtime.s3.tenantPrefix
     assert output["uri"] == f"s3://{S3_BUCKET}/{prefix.rstrip('/')}", output
     assert output["video"] == f"s3://{S3_BUCKET}/{prefix}e2e-b.mp4", output
     assert output["result"] == f"s3://{S3_BUCKET}/{prefix}e2e-b.json", output

@@ -27,6 +27,7 @@ import time
 
 import pytest
 from helpers import REPO
+from videojob import runtimekey
 from videojob.driver_protocol import REQUEST_ENV, DriverRequest, GroupRequest, decode_request, result_of
 from videojob.redaction import redact_url
 from videojob.settings import RunSettings
@@ -342,12 +343,20 @@ def _driver_request(image: str) -> DriverRequest:
                               "height": 64, "frames": 9, "fps": 8, "steps": 2, "guidance": 6.0, "image": image})
 
 
+def _holds_the_request(text: str, request: DriverRequest) -> bool:
+    """Whether ``text`` shows the request's query, plainly or in the request's base64."""
+    return SECRET in text or request.encode() in text or request.encode()[8:40] in text
+
+
 def test_a_request_with_a_query_stays_off_the_entrypoint():
     request = _driver_request(f"https://images.example/a.png?v={SECRET}")
     entrypoint, runtime_env = request.submission("/opt/py/bin/python")
     assert entrypoint == "/opt/py/bin/python -m videojob_runtime.driver --request-env"
     assert SECRET not in entrypoint and request.encode() not in entrypoint
-    assert decode_request(runtime_env["env_vars"][REQUEST_ENV])[0] == request, "the driver gets it whole"
+    sealed = runtime_env["env_vars"][REQUEST_ENV]
+    assert sealed.startswith(runtimekey.SEALED_PREFIX) and not _holds_the_request(json.dumps(runtime_env), request), \
+        "Ray's job table and its runtime env agent's log keep the runtime_env: the request goes sealed"
+    assert decode_request(runtimekey.unseal(sealed).decode())[0] == request, "the driver gets it whole"
     # Without a query nothing changes: the command line every driver version reads.
     plain = _driver_request("https://images.example/a.png")
     assert plain.submission("python") == (plain.entrypoint("python"), None)
@@ -388,8 +397,9 @@ def test_the_operator_submits_the_query_in_the_body_not_the_entrypoint():
         ray.server_close()
         thread.join(timeout=10)
     (body,) = ray.bodies
-    assert SECRET not in body["entrypoint"] and SECRET not in json.dumps(body["metadata"])
-    assert decode_request(body["runtime_env"]["env_vars"][REQUEST_ENV])[0].job["image"].endswith(SECRET)
+    assert not _holds_the_request(json.dumps(body), request), "the body Ray keeps shows the request"
+    sealed = body["runtime_env"]["env_vars"][REQUEST_ENV]
+    assert decode_request(runtimekey.unseal(sealed).decode())[0].job["image"].endswith(SECRET)
 
 
 def test_the_driver_reads_the_request_from_its_environment_and_forgets_it(tmp_path):
@@ -409,8 +419,51 @@ def test_the_driver_reads_the_request_from_its_environment_and_forgets_it(tmp_pa
     assert SECRET not in done.stdout and SECRET not in done.stderr
 
 
+def test_a_request_sealed_under_another_runtime_key_fails_naming_the_secret(tmp_path):
+    """The driver opens a sealed request with its own runtime key (the chart's Secret, mounted
+    in the operator and every Ray pod); a Ray cluster with another key answers
+    RuntimeKeyMismatch, saying what to mount, and shows nothing of the request."""
+    request = _driver_request(f"https://images.example/a.png?v={SECRET}")
+    sealed = request.submission("python")[1]["env_vars"][REQUEST_ENV]  # under this process's key
+    other = tmp_path / "other-key"
+    other.write_text("x" * 64)
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1", REQUEST_ENV: sealed, runtimekey.KEY_ENV: str(other)}
+    done = subprocess.run([PY, "-m", "videojob_runtime.driver", "--request-env"], capture_output=True, text=True,
+                          timeout=120, cwd=REPO, env=env)
+    result = result_of(done.stdout)
+    assert result["error"]["reason"] == "RuntimeKeyMismatch" and "runtime key Secret" in result["error"]["message"]
+    assert not _holds_the_request(done.stdout + done.stderr, request)
+
+
+def test_the_runtime_key_is_made_once_per_user_and_a_configured_one_must_exist(tmp_path, monkeypatch):
+    """Without VIDEOJOB_RUNTIME_KEY_FILE one machine's processes share a key made on first use
+    (0600; two makers at once end with one key); a configured file that is missing or short is
+    an error naming the setting, never a new key the other side lacks."""
+    monkeypatch.delenv(runtimekey.KEY_ENV, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setattr(runtimekey, "_cache", {})
+    makers = [threading.Thread(target=runtimekey.load) for _ in range(4)]
+    for maker in makers:
+        maker.start()
+    for maker in makers:
+        maker.join(timeout=30)
+    path = tmp_path / "config" / "videojob" / "runtime-key"
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and len(path.read_bytes().strip()) == 64
+    assert runtimekey.load() == path.read_bytes().strip()
+    assert sorted(p.name for p in path.parent.iterdir()) == ["runtime-key"], "no temporary file is left"
+    assert runtimekey.unseal(runtimekey.seal(b"x")) == b"x"
+    monkeypatch.setenv(runtimekey.KEY_ENV, str(tmp_path / "mounted" / "key"))
+    with pytest.raises(runtimekey.RuntimeKeyError, match="VIDEOJOB_RUNTIME_KEY_FILE.*does not exist"):
+        runtimekey.load()
+    assert not (tmp_path / "mounted").exists()
+    (tmp_path / "short").write_text("abc")
+    monkeypatch.setenv(runtimekey.KEY_ENV, str(tmp_path / "short"))
+    with pytest.raises(runtimekey.RuntimeKeyError, match="at least 32"):
+        runtimekey.load()
+
+
 def test_forget_request_env_drops_it_from_the_job_config(monkeypatch):
-    from videojob_runtime.driver import JOB_CONFIG_ENV, forget_request_env
+    from videojob_runtime.request_env import JOB_CONFIG_ENV, forget_request_env
 
     config = {"runtime_env": {"env_vars": {REQUEST_ENV: "e30=", "KEEP": "1"}, "pip": ["x"]}, "metadata": {"a": "b"}}
     monkeypatch.setenv(REQUEST_ENV, "e30=")

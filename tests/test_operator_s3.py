@@ -104,7 +104,7 @@ def test_jobs_read_their_image_and_weights_from_a_bucket_and_write_their_videos_
         crd, namespace, bucket, operator_env, tmp_path):
     """Two jobs at once: one reads its image from the bucket, one loads a saved model from
     it; both write their videos there. The status names the objects under the namespace's
-    prefix, a presigned URL that serves the mp4 and its expiry; the bucket holds exactly
+    folder of the tenants' prefix, a presigned URL that serves the mp4 and its expiry; the bucket holds exactly
     the three files of each, the result JSON agreeing with the status."""
     from PIL import Image
 
@@ -114,10 +114,11 @@ def test_jobs_read_their_image_and_weights_from_a_bucket_and_write_their_videos_
     client, name = bucket
     image = tmp_path / "cat.png"
     Image.new("RGB", (64, 64), (200, 120, 40)).save(image)
-    client.upload_file(str(image), name, f"{namespace}/inputs/cat.png")
+    home = f"videojob-tenants/{namespace}"  # the namespace's folder of the bucket (S3Settings.tenant_prefix)
+    client.upload_file(str(image), name, f"{home}/inputs/cat.png")
     saved = tmp_path / "saved"
     build_tiny_pipeline("tiny-cogvideox", "t2v", "float32", seed=3).save_pretrained(saved)
-    _upload_tree(client, name, saved, f"{namespace}/models/cog")
+    _upload_tree(client, name, saved, f"{home}/models/cog")
     docs = [
         _job("from-image", model={"name": "tiny-cogvideox-i2v", "dtype": "float32"},
              image=f"s3://{name}/inputs/cat.png", output={"uri": f"s3://{name}/videos"}, parallel=None),
@@ -134,7 +135,7 @@ def test_jobs_read_their_image_and_weights_from_a_bucket_and_write_their_videos_
             status = obj["status"]
             assert status["phase"] == "Succeeded", (job, status.get("message"), operator.log()[-3000:])
             out = status["output"]
-            prefix = f"s3://{name}/{namespace}/videos"
+            prefix = f"s3://{name}/{home}/videos"
             assert out["uri"] == prefix and out["video"] == f"{prefix}/{job}.mp4", out
             assert out["result"] == f"{prefix}/{job}.json" and out["bytes"] > 0
             assert "X-Amz-Signature=" in out["videoUrl"] and out["videoUrlExpires"].endswith("Z"), out
@@ -145,10 +146,10 @@ def test_jobs_read_their_image_and_weights_from_a_bucket_and_write_their_videos_
             local = tmp_path / f"{job}.mp4"
             local.write_bytes(served)
             assert probe_mp4(local)["frames"] == 9
-            record = json.loads(client.get_object(Bucket=name, Key=f"{namespace}/videos/{job}.json")["Body"].read())
+            record = json.loads(client.get_object(Bucket=name, Key=f"{home}/videos/{job}.json")["Body"].read())
             assert record["framesDigest"] == out["framesDigest"] and record["output"]["video"] == out["video"]
-    assert _keys(client, name, f"{namespace}/videos/") == sorted(
-        f"{namespace}/videos/{job}{suffix}" for job in finished for suffix in (".json", ".mp4", ".png"))
+    assert _keys(client, name, f"{home}/videos/") == sorted(
+        f"{home}/videos/{job}{suffix}" for job in finished for suffix in (".json", ".mp4", ".png"))
     assert _unfinished(client, name) == []
 
 

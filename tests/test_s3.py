@@ -10,6 +10,7 @@ partial is left (no object, no unfinished multipart upload).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -27,10 +28,12 @@ sys.path.insert(0, str(REPO / "hack" / "cluster"))
 from lc.s3 import start_s3_server  # noqa: E402
 from videojob.api.uris import uri_problem  # noqa: E402
 from videojob.settings import S3Settings  # noqa: E402
-from videojob_runtime import s3store  # noqa: E402
+from videojob_runtime import etags, s3store  # noqa: E402
 from videojob_runtime.errors import JobFailure  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "tiny-cpu.yaml"
+HOME = "videojob-tenants"  # S3Settings.tenant_prefix's default: every tenant's keys are under it
+TEAM = f"{HOME}/team-a"  # namespace team-a's folder of a listed bucket
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +96,36 @@ def test_hostile_s3_spellings_are_refused_with_the_rule(uri, says):
 def test_a_job_s_keys_are_under_its_namespace_and_the_bucket_list_is_kept():
     listed = S3Settings(buckets="videos")
     where = s3store.locate("s3://videos/clips/a", "output", "spec.output.uri", "team-a", listed)
-    assert (where.bucket, where.key) == ("videos", "team-a/clips/a")
-    assert s3store.locate("s3://videos", "output", "spec.output.uri", "team-a", listed).key == "team-a/"
+    assert (where.bucket, where.key) == ("videos", f"{HOME}/team-a/clips/a")
+    assert s3store.locate("s3://videos", "output", "spec.output.uri", "team-a", listed).key == f"{HOME}/team-a/"
     with pytest.raises(JobFailure, match="spec.image: 's3://private/x.png': bucket private is not one"):
         s3store.locate("s3://private/x.png", "input", "spec.image", "team-a", S3Settings(buckets="videos,models"))
     with pytest.raises(JobFailure, match="spec.image: 's3://videos/../x' must not contain"):
         s3store.locate("s3://videos/../x", "input", "spec.image", None, S3Settings())
+
+
+def test_tenants_keys_are_under_a_fixed_prefix_no_namespace_can_step_out_of():
+    """Issue 36, 12: keys were `<namespace>/key`, so a namespace named like a folder the admin
+    keeps in a listed bucket (`models`, `backups`) read and wrote that folder. Every tenant is
+    now under the admin's fixed prefix; `videojob run` (no namespace, no tenants) is not."""
+    listed = S3Settings(buckets="videos")
+    for namespace in ("models", "backups", "videojob-tenants"):
+        where = s3store.locate("s3://videos/weights/unet.bin", "source", "spec.model.source", namespace, listed)
+        assert where.key == f"videojob-tenants/{namespace}/weights/unet.bin"
+        assert where.object_uri == f"s3://videos/videojob-tenants/{namespace}/weights/unet.bin"
+    assert s3store.locate("s3://videos/models/x", "input", "spec.image", None, listed).key == "models/x"
+    own = S3Settings(buckets="videos", tenant_prefix="jobs/tenants")
+    assert s3store.locate("s3://videos/v", "output", "spec.output.uri", "team-a", own).key == "jobs/tenants/team-a/v"
+
+
+@pytest.mark.parametrize("bad", ["", "..", "a/../b", "a..b", "/abs", "trailing/", "a//b", "./a", "a b", "-a"])
+def test_a_bad_tenant_prefix_is_refused_naming_the_setting(monkeypatch, bad):
+    monkeypatch.setenv("VIDEOJOB_S3_TENANT_PREFIX", bad)
+    with pytest.raises(ValueError, match=r"VIDEOJOB_S3_TENANT_PREFIX \(the chart's runtime.s3.tenantPrefix\) must "
+                                         r"be a key prefix"):
+        S3Settings()
+    monkeypatch.setenv("VIDEOJOB_S3_TENANT_PREFIX", "videojob/tenants-2")
+    assert S3Settings().tenant_prefix == "videojob/tenants-2"
 
 
 def test_a_tenants_job_may_use_no_bucket_until_the_admin_lists_them():
@@ -148,7 +175,7 @@ def test_outputs_go_up_with_the_result_last_and_a_failed_upload_removes_what_it_
 
     client, bucket, _ = store
     frames = (np.random.default_rng(0).random((9, 64, 64, 3)) * 255).astype(np.uint8)
-    client.put_object(Bucket=bucket, Key="team-a/v/job.json", Body=b'{"stale": true}')
+    client.put_object(Bucket=bucket, Key=f"{TEAM}/v/job.json", Body=b'{"stale": true}')
     order: list[str] = []
 
     def stop_after_video(name: str) -> None:
@@ -164,13 +191,13 @@ def test_outputs_go_up_with_the_result_last_and_a_failed_upload_removes_what_it_
 
     written = write_outputs(frames, tmp_path / "b", "job", 8, {"job": "job"})
     facts = upload_outputs(written, f"s3://{bucket}/v", "team-a", S3Settings(presign_expiry_s=600))
-    assert _keys(client, bucket) == ["team-a/v/job.json", "team-a/v/job.mp4", "team-a/v/job.png"]
-    result = json.loads(client.get_object(Bucket=bucket, Key="team-a/v/job.json")["Body"].read())
-    assert result["output"]["video"] == facts["video"] == f"s3://{bucket}/team-a/v/job.mp4"
+    assert _keys(client, bucket) == [f"{TEAM}/v/job.json", f"{TEAM}/v/job.mp4", f"{TEAM}/v/job.png"]
+    result = json.loads(client.get_object(Bucket=bucket, Key=f"{TEAM}/v/job.json")["Body"].read())
+    assert result["output"]["video"] == facts["video"] == f"s3://{bucket}/{TEAM}/v/job.mp4"
     assert "X-Amz-Signature=" in facts["videoUrl"] and facts["videoUrlExpires"].endswith("Z")
     import urllib.request
     with urllib.request.urlopen(facts["videoUrl"], timeout=30) as answer:  # noqa: S310 - our loopback server
-        assert answer.read() == client.get_object(Bucket=bucket, Key="team-a/v/job.mp4")["Body"].read()
+        assert answer.read() == client.get_object(Bucket=bucket, Key=f"{TEAM}/v/job.mp4")["Body"].read()
     assert not (tmp_path / "b").exists(), "the staged copies are removed once uploaded"
 
 
@@ -193,28 +220,151 @@ class _Counting:
 
 def test_a_cache_hit_is_checked_not_trusted_on_its_size(store):
     """Issue 36, 11: a cached input was trusted on its size alone and a cached model on its
-    marker alone: bytes of the same size planted (or damaged) in the cache were used."""
+    marker and its files' sizes: bytes of the same size planted (or damaged) in the cache were
+    used. Each is now checked against the object's ETag, and fetched again when it differs."""
     client, bucket, settings = store
     payload = os.urandom(4096)
-    client.put_object(Bucket=bucket, Key="team-a/in/face.png", Body=payload)
+    client.put_object(Bucket=bucket, Key=f"{TEAM}/in/face.png", Body=payload)
     where = s3store.locate(f"s3://{bucket}/in/face.png", "input", "spec.image", "team-a", settings)
     cached = s3store.download(client, where, settings, 2**20, "VIDEOJOB_INPUT_MAX_BYTES", name="face.png")
     cached.write_bytes(b"\0" * len(payload))  # the same size, other bytes
     again = s3store.download(client, where, settings, 2**20, "VIDEOJOB_INPUT_MAX_BYTES", name="face.png")
     assert again == cached and again.read_bytes() == payload, "the planted bytes were used"
-    for name, body in (("model_index.json", b"{}"), ("unet/weights.bin", os.urandom(2048))):
-        client.put_object(Bucket=bucket, Key=f"team-a/models/m/{name}", Body=body)
+    weights = os.urandom(2048)
+    for name, body in (("model_index.json", b"{}"), ("unet/weights.bin", weights)):
+        client.put_object(Bucket=bucket, Key=f"{TEAM}/models/m/{name}", Body=body)
     model = s3store.locate(f"s3://{bucket}/models/m", "source", "spec.model.source", "team-a", settings)
-    directory = s3store.download_prefix(client, model, settings)
-    (directory / "unet/weights.bin").write_bytes(b"short")  # the marker stays, the file does not match
-    assert s3store.download_prefix(client, model, settings) == directory
-    assert (directory / "unet/weights.bin").stat().st_size == 2048
+    counting = _Counting(client)
+    directory = s3store.download_prefix(counting, model, settings)
+    assert s3store.download_prefix(counting, model, settings) == directory and counting.gets == 2, "a hit"
+    for planted in (b"short", os.urandom(2048)):  # another size; the same size, other bytes
+        (directory / "unet/weights.bin").write_bytes(planted)  # the marker stays, the file is not the object
+        assert s3store.download_prefix(counting, model, settings) == directory
+        assert (directory / "unet/weights.bin").read_bytes() == weights, "the planted bytes were kept"
+    assert counting.gets == 4, "only the planted file was fetched again"
+    (directory / "unet/extra.safetensors").write_bytes(b"planted")  # a file the listing does not name
+    (directory / "model_index.json").unlink()
+    (directory / "model_index.json").symlink_to(directory / "unet/weights.bin")  # a link where a file was
+    assert s3store.download_prefix(counting, model, settings) == directory and counting.gets == 5
+    assert sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if not p.is_dir()) == [
+        ".complete", "model_index.json", "unet/weights.bin"], "the loader finds the listing's files, nothing else"
+    assert not (directory / "model_index.json").is_symlink() and (directory / "model_index.json").read_bytes() == b"{}"
+
+
+def test_ranks_of_one_pod_fetch_a_model_once_and_check_it_outside_the_lock(store):
+    """The ranks that waited while one fetched check the copy (each its own hashes) and fetch nothing."""
+    client, bucket, settings = store
+    files = {"model_index.json": b"{}", "unet/a.bin": os.urandom(300_000), "vae/b.bin": os.urandom(200_000)}
+    for name, body in files.items():
+        client.put_object(Bucket=bucket, Key=f"{TEAM}/models/r/{name}", Body=body)
+    model = s3store.locate(f"s3://{bucket}/models/r", "source", "spec.model.source", "team-a", settings)
+    counting, found = _Counting(client), []
+    ranks = [threading.Thread(target=lambda: found.append(s3store.download_prefix(counting, model, settings)))
+             for _ in range(4)]
+    for rank in ranks:
+        rank.start()
+    for rank in ranks:
+        rank.join(timeout=60)
+    assert len(found) == 4 and len(set(found)) == 1 and counting.gets == len(files)
+    assert all((found[0] / name).read_bytes() == body for name, body in files.items())
+
+
+def _aws_etag(data: bytes, part: int) -> str:
+    """The ETag S3 gives an object uploaded in parts of ``part`` bytes: the MD5 of the parts' MD5s, -N."""
+    md5s = b"".join(hashlib.md5(data[at:at + part]).digest() for at in range(0, len(data), part))
+    return f"{hashlib.md5(md5s).hexdigest()}-{-(-len(data) // part)}"
+
+
+class _MultipartETags(_Counting):
+    """The real client, answering HEAD with the ETag the store gave when the object's multipart upload
+    completed, as AWS keeps it (rclone answers the object's MD5 afterwards), and, where
+    ``tells_parts``, part 1's size for a HEAD with PartNumber=1, as AWS does."""
+
+    def __init__(self, client, etags: dict[str, tuple[str, int]], tells_parts: bool):
+        super().__init__(client)
+        self.etags, self.tells_parts = etags, tells_parts
+
+    def head_object(self, Bucket, Key, PartNumber=None):  # noqa: N803 - boto3's names
+        answer = dict(self.client.head_object(Bucket=Bucket, Key=Key))
+        if Key in self.etags:
+            etag, part = self.etags[Key]
+            answer["ETag"] = f'"{etag}"'
+            if PartNumber == 1 and self.tells_parts:
+                answer.update(PartsCount=int(etag.rsplit("-", 1)[1]), ContentLength=part)
+        return answer
+
+    def get_object(self, **kwargs):
+        if kwargs.get("IfMatch") and kwargs["Key"] in self.etags:  # the store's own ETag for the condition
+            kwargs["IfMatch"] = self.client.head_object(Bucket=kwargs["Bucket"], Key=kwargs["Key"])["ETag"]
+        return super().get_object(**kwargs)
+
+
+@pytest.mark.parametrize("part_mib, tells_parts, fetches", [
+    (5, False, 1),  # a part size tried (rclone's and this runtime's smallest): checked, a hit
+    (6, True, 1),  # one not tried, the store tells part 1's size: checked, a hit
+    (6, False, 2),  # one not tried, and the store does not tell: fetched again, never trusted
+])
+def test_a_cached_input_with_a_multipart_etag_is_checked_not_trusted_on_its_size(store, tmp_path, part_mib,
+                                                                                  tells_parts, fetches):
+    """Issue 36, 11: a multipart ETag is no MD5 of the bytes, and a cached copy of such an object
+    was trusted on its size alone. It is checked against the ETag for the usual part sizes."""
+    client, bucket, settings = store
+    payload = os.urandom(13 * 2**20 + 7)
+    source = tmp_path / "image.png"
+    source.write_bytes(payload)
+    where = s3store.locate(f"s3://{bucket}/in/image.png", "input", "spec.image", "team-a", settings)
+    part = part_mib * 2**20
+    sent = s3store.upload(client, source, where, S3Settings(part_bytes=part))  # a real multipart upload
+    assert sent["parts"] == 3 and sent["etag"] == _aws_etag(payload, part), sent
+    aws = _MultipartETags(client, {where.key: (sent["etag"], part)}, tells_parts)
+    cached = s3store.download(aws, where, settings, 64 * 2**20, "VIDEOJOB_INPUT_MAX_BYTES", name="image.png")
+    assert cached.read_bytes() == payload and aws.gets == 1
+    assert s3store.download(aws, where, settings, 64 * 2**20, "X", name="image.png") == cached
+    assert aws.gets == fetches
+    cached.write_bytes(os.urandom(len(payload)))  # the same size, other bytes
+    assert s3store.download(aws, where, settings, 64 * 2**20, "X", name="image.png").read_bytes() == payload
+    assert aws.gets == fetches + 1, "the planted copy was used"
+
+
+def test_part_sizes_tried_for_a_multipart_etag():
+    mib = 2**20
+    assert etags.part_sizes(100 * mib, 13, 8 * mib)[0] == 8 * mib  # boto3's and the AWS CLI's default
+    assert etags.part_sizes(100 * mib + 1, 3, 8 * mib)[:2] == [34 * mib, 50 * mib]  # size / N, to a MiB
+    assert 15 * mib in etags.part_sizes(100 * mib, 7, 8 * mib)
+    assert etags.part_sizes(5, 1, 8 * mib) == [5]
+    assert all(-(-100 * mib // p) == 9 for p in etags.part_sizes(100 * mib, 9, 8 * mib))
+
+
+def test_a_verified_file_is_hashed_once_per_process_unless_it_changes(tmp_path, monkeypatch):
+    """A warm start hashes nothing it hashed before: the check is remembered by the file's stat.
+    A file changed in the last SETTLED_S is not remembered (a write in the same clock tick would
+    leave its ctime as it was)."""
+    hashed: list[int] = []
+    read_digests = etags._read_digests
+    monkeypatch.setattr(etags, "_read_digests", lambda *a: hashed.append(1) or read_digests(*a))
+    data = os.urandom(3000)
+    path = tmp_path / "weights.bin"
+    path.write_bytes(data)
+    etag, settings = hashlib.md5(data).hexdigest(), S3Settings()
+    monkeypatch.setattr(etags, "SETTLED_S", 3600.0)  # the file changed within it
+    assert etags.verified(path, len(data), etag, settings.part_bytes) and etags.verified(path, len(data), etag, settings.part_bytes)
+    assert len(hashed) == 2, "changed just now: not remembered"
+    monkeypatch.setattr(etags, "SETTLED_S", -1.0)  # as if it were written long ago
+    assert etags.verified(path, len(data), etag, settings.part_bytes) and etags.verified(path, len(data), etag, settings.part_bytes)
+    assert len(hashed) == 3, "hashed once, then remembered"
+    path.write_bytes(os.urandom(len(data)))  # the same inode and size, other bytes
+    later = path.stat().st_mtime_ns + 10**9  # its write seen in a later clock tick than the check
+    os.utime(path, ns=(later, later))
+    assert not etags.verified(path, len(data), etag, settings.part_bytes) and len(hashed) == 4
+    assert not etags.verified(tmp_path / "missing", len(data), etag, settings.part_bytes)
+    (tmp_path / "link").symlink_to(path)
+    assert not etags.verified(tmp_path / "link", len(data), etag, settings.part_bytes), "a link is never a cached copy"
 
 
 def test_ranks_of_one_pod_download_an_input_once_checked_and_bounded(store):
     client, bucket, settings = store
     payload = os.urandom(3 * 2**20)
-    client.put_object(Bucket=bucket, Key="team-a/in/image.png", Body=payload)
+    client.put_object(Bucket=bucket, Key=f"{TEAM}/in/image.png", Body=payload)
     counting = _Counting(client)
     where = s3store.locate(f"s3://{bucket}/in/image.png", "input", "spec.image", "team-a", settings)
     paths: list[Path] = []
@@ -230,10 +380,10 @@ def test_ranks_of_one_pod_download_an_input_once_checked_and_bounded(store):
     with pytest.raises(JobFailure, match=r"spec.image: s3://.*/in/image.png is 3145728 bytes, larger than 1000 "
                                          r"\(VIDEOJOB_INPUT_MAX_BYTES\)"):
         s3store.download(client, where, settings, 1000, "VIDEOJOB_INPUT_MAX_BYTES")
-    client.put_object(Bucket=bucket, Key="team-a/in/image.png", Body=b"changed")
+    client.put_object(Bucket=bucket, Key=f"{TEAM}/in/image.png", Body=b"changed")
     assert s3store.download(client, where, settings, 1000, "X", name="image.png").read_bytes() == b"changed"
     missing = s3store.locate(f"s3://{bucket}/in/nope.png", "input", "spec.image", "team-a", settings)
-    with pytest.raises(JobFailure, match="spec.image: .*no object team-a/in/nope.png"):
+    with pytest.raises(JobFailure, match=f"spec.image: .*no object {TEAM}/in/nope.png"):
         s3store.download(client, missing, settings, 1000, "X")
 
 
@@ -250,7 +400,7 @@ def test_a_saved_model_loads_from_a_bucket_like_from_a_volume(store, tmp_path, m
     build_tiny_pipeline("tiny-cogvideox", "t2v", "float32", seed=3).save_pretrained(saved)
     for path in saved.rglob("*"):
         if path.is_file():
-            client.upload_file(str(path), bucket, f"team-a/models/cog/{path.relative_to(saved)}")
+            client.upload_file(str(path), bucket, f"{TEAM}/models/cog/{path.relative_to(saved)}")
     monkeypatch.setenv("VIDEOJOB_MODEL_ROOT", str(tmp_path / "models"))
     request = dict(job_id="t", model_id="cogvideox-2b", task="t2v", prompt="a tiny test video", width=64,
                    height=64, frames=9, fps=8, steps=2, guidance=6.0, seed=7, frames_dtype="float32")
@@ -260,6 +410,15 @@ def test_a_saved_model_loads_from_a_bucket_like_from_a_volume(store, tmp_path, m
     assert float(np.abs(local["frames"] - remote["frames"]).max()) == 0.0, "the same weights, the same video"
     cached = [p for p in (tmp_path / "cache").iterdir() if p.is_dir() and (p / "model_index.json").is_file()]
     assert len(cached) == 1 and (cached[0] / ".complete").is_file()
+    # Weights of the same size with other values planted in the pod's cache (issue 36, 11): the
+    # next job finds the file is not the object and fetches it again, and makes the same video.
+    weights = cached[0] / "transformer" / "diffusion_pytorch_model.safetensors"
+    body = bytearray(weights.read_bytes())
+    body[-4096:] = os.urandom(4096)  # the header intact, the last blocks' values not
+    weights.write_bytes(bytes(body))
+    again = RankWorker(0, 1).run(JobRequest(**request, source=f"s3://{bucket}/models/cog", namespace="team-a"))
+    assert again["ok"] and float(np.abs(local["frames"] - again["frames"]).max()) == 0.0, "the planted weights"
+    assert weights.read_bytes() == (saved / weights.relative_to(cached[0])).read_bytes()
     wrong = RankWorker(0, 1).run(JobRequest(**request, source=f"s3://{bucket}/models/none", namespace="team-a"))
     assert not wrong["ok"] and "spec.model.source" in wrong["error"]["message"]
     assert "no objects under" in wrong["error"]["message"]

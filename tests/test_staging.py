@@ -146,7 +146,9 @@ def staged_cluster(https_server, tmp_path_factory):  # noqa: F811
            "OMP_NUM_THREADS": "1"}
     (root / "outputs").mkdir()
     with RayHead(num_cpus=2, dashboard=True, env=env) as head:
-        yield HttpRayClient(head.dashboard_url, token=head.token), root / "staging", https_server
+        client = HttpRayClient(head.dashboard_url, token=head.token)
+        client.test_temp_dir = head.temp_dir  # where the head's logs are (the query must not be in any)
+        yield client, root / "staging", https_server
 
 
 def _i2v(name: str, image: str, fault: dict | None = None) -> DriverRequest:
@@ -258,4 +260,13 @@ def test_a_query_in_the_image_url_stays_off_the_entrypoint_the_log_and_the_ranks
     assert job.entrypoint == f"{PY} -m videojob_runtime.driver --request-env", job.entrypoint
     assert "?" not in job.entrypoint and encoded not in job.entrypoint
     assert SECRET not in logs and encoded not in logs, "the driver's log shows the query"
+    # Issue 36, 13: Ray's job table and every log of the head (the runtime env agent's
+    # among them) hold the request only sealed.
+    status, table = client._request("GET", f"/api/jobs/{sid}")
+    assert status == 200 and runtime_env["env_vars"][REQUEST_ENV] in table, table[:2000]
+    assert SECRET not in table and encoded not in table and encoded[8:40] not in table, "Ray's job table"
+    held = [str(p) for p in Path(client.test_temp_dir).rglob("*.log") if p.is_file()
+            and any(s in p.read_text(errors="replace") for s in (SECRET, encoded, encoded[8:40]))]
+    agent_logs = list(Path(client.test_temp_dir).rglob("runtime_env*.log"))
+    assert agent_logs and not held, f"the request is readable in {held} (runtime env logs: {agent_logs})"
     assert _dirs(staging) == [], f"left under the staging root after success: {_dirs(staging)}"

@@ -2,8 +2,9 @@
 
 The operator submits one Ray job per attempt whose entrypoint runs
 ``python -m videojob_runtime.driver --request <base64 JSON>`` (or, for a
-request whose https input has a query, ``--request-env`` with the request in
-the submission's runtime_env: ``DriverRequest.submission``); the driver
+request whose https input has a query, ``--request-env`` with the request
+sealed under the runtime key in the submission's runtime_env:
+``DriverRequest.submission``, ``videojob.runtimekey``); the driver
 prints one-line records to its stdout, which the operator reads back with
 ``GET /api/jobs/{id}/logs``. Both sides import this module (it needs neither
 torch nor ray), so the two ends cannot disagree on a field.
@@ -50,7 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MARKER = "@@videojob "
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 1
+PROTOCOL_MINOR = 2  # 1.2: a request in REQUEST_ENV may be sealed (runtimekey.SEALED_PREFIX)
 PROTOCOL = f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}"
 PROTOCOL_VERSION = PROTOCOL_MAJOR  # the request's ``version`` field: its major
 # What a driver of this protocol can do that a request may require (``requires``):
@@ -127,15 +128,20 @@ class DriverRequest(BaseModel):
     def submission(self, python: str = "python") -> tuple[str, dict[str, Any] | None]:
         """(entrypoint, runtime_env) to submit this request with. A request whose
         https input carries a query or fragment (a presigned URL's key) travels in the
-        submission's body, as the driver's environment (``REQUEST_ENV``), and the
-        entrypoint is ``--request-env``: Ray shows, logs and keeps entrypoints. Any
-        other request stays on the command line, which every driver version reads."""
+        submission's body, as the driver's environment (``REQUEST_ENV``), sealed under
+        the runtime key (``runtimekey.seal``: Ray's job table and its runtime env
+        agent's log keep the runtime_env, and only a holder of the key opens it), and
+        the entrypoint is ``--request-env``. Any other request stays on the command
+        line, which every driver version reads (the driver moves it off: ``hide_request``).
+        Raises ``runtimekey.RuntimeKeyError`` when the key cannot be read."""
         inputs = (self.job.get("image"), self.job.get("face_image"))
         if not any(isinstance(uri, str) and uri.startswith("https://") and ("?" in uri or "#" in uri)
                    for uri in inputs):
             return self.entrypoint(python), None
+        from .runtimekey import seal
+
         return (f"{shlex.quote(python)} -m videojob_runtime.driver --request-env",
-                {"env_vars": {REQUEST_ENV: self.encode()}})
+                {"env_vars": {REQUEST_ENV: seal(self.encode().encode())}})
 
 
 def _wire(model: BaseModel) -> dict[str, Any]:

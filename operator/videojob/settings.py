@@ -74,6 +74,12 @@ class RunSettings(BaseSettings):
                     "before it could clean up) is removed by the next driver that stages inputs.")
 
 
+# S3Settings.tenant_prefix: plain names joined by '/' (no empty, '.' or '..' segment: a key
+# prefix that cannot climb or vanish); the chart's values.schema.json has the same pattern.
+_PREFIX_NAME = r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?"
+TENANT_PREFIX = re.compile(rf"^{_PREFIX_NAME}(/{_PREFIX_NAME}){{0,7}}\Z")
+
+
 class S3Settings(BaseSettings):
     """The cluster admin's S3 store for s3:// outputs, inputs and model sources.
 
@@ -92,8 +98,14 @@ class S3Settings(BaseSettings):
                                               "(BUCKET in the host name).")
     buckets: Optional[str] = Field(
         default=None, description="Comma-separated buckets a job may name; unset: an operator job (a tenant's) "
-                                  "may name none, `videojob run` any the credentials reach. A job's keys are "
-                                  "under its namespace's prefix.")
+                                  "may name none, `videojob run` any the credentials reach. An operator job's "
+                                  "keys are under TENANT_PREFIX/<namespace>/.")
+    tenant_prefix: str = Field(
+        default="videojob-tenants",
+        description="The fixed key prefix every operator job's keys are under, its namespace's folder inside it "
+                    "(TENANT_PREFIX/<namespace>/key), so no namespace reaches a folder the admin keeps beside it "
+                    "in a listed bucket; '/'-separated plain names, not empty, no '.' or '..'. `videojob run` "
+                    "(no namespace) uses keys as written.")
     cache_root: Optional[str] = Field(
         default=None, description="Where s3:// inputs and model sources are downloaded once per pod (a volume "
                                   "every rank of the pod mounts; unset: VIDEOJOB_INPUT_STAGING_ROOT/s3-cache, "
@@ -109,6 +121,16 @@ class S3Settings(BaseSettings):
                                   description="Seconds a presigned URL of the video in the job's result lasts "
                                               "(0: no presigned URL).")
     timeout_s: float = Field(default=60.0, gt=0, description="Seconds to connect to the store and for each read.")
+
+    @field_validator("tenant_prefix")
+    @classmethod
+    def _tenant_prefix(cls, value: str) -> str:
+        if not TENANT_PREFIX.match(value) or ".." in value:
+            raise ValueError(f"VIDEOJOB_S3_TENANT_PREFIX (the chart's runtime.s3.tenantPrefix) must be a key prefix "
+                             f"of '/'-separated names of letters, digits, '.', '_' and '-', each starting and "
+                             f"ending with a letter or digit, e.g. videojob-tenants: not empty, no '..', no "
+                             f"leading or trailing '/'; got {value!r}")
+        return value
 
     def listed_buckets(self) -> list[str]:
         return [b.strip() for b in (self.buckets or "").split(",") if b.strip()]
@@ -131,6 +153,10 @@ class OperatorSettings(BaseSettings):
         default=None, description="The Ray head's dashboard (Jobs API), e.g. http://raycluster-head:8265.")
     ray_token_file: Optional[str] = Field(
         default=None, description="File holding the bearer token Ray's dashboard expects (a mounted Secret).")
+    runtime_key_file: Optional[str] = Field(
+        default=None, description="The runtime key shared with every Ray process (a mounted Secret; "
+                                  "videojob.runtimekey reads it, and so do the drivers and ranks): unset, this "
+                                  "user's ~/.config/videojob/runtime-key, made on first use.")
     ray_http_timeout_s: float = Field(default=10.0, gt=0, description="Seconds per HTTP call to Ray.")
     ray_http_retries: int = Field(
         default=4, ge=0, le=10,

@@ -7,8 +7,13 @@ scheduler's state, the step's other outputs (CogVideoX's DPM
 
 File format (``step-000012.ckpt``): the magic line, an 8-byte big-endian
 header length, a JSON header (format, job fingerprint, step, steps, payload
-size and SHA-256), then the payload (``torch.save``; read back with
-``weights_only=True``, so a hostile file cannot run code). Written under a
+size and SHA-256), the payload (``torch.save``; read back with
+``weights_only=True``, so a hostile file cannot run code), then a 32-byte
+HMAC-SHA256 of all that under the job's key (``job_key``: derived from the
+runtime key, which no tenant can read, for the job's namespace and
+fingerprint). The files lie in the tenant's own output directory: a file the
+tenant made or changed, or one of another job, fails the HMAC and is never
+read further (format 1, unsigned, is refused the same way). Written under a
 temporary name in the same directory, fsynced, then renamed: a reader sees a
 whole file or none. A partial, corrupt or foreign file (another job's
 fingerprint, another step count) is never used: ``newest`` falls back to an
@@ -18,6 +23,7 @@ older file, or to step 0, and says why for each file it passed over.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import io
 import json
 import os
@@ -34,19 +40,38 @@ from .beneath import Beneath
 from .errors import JobFailure
 
 MAGIC = b"VIDEOJOB-CHECKPOINT\n"
-FORMAT = 1
+FORMAT = 2  # 2: signed (the HMAC after the payload); 1 was unsigned and is refused
+_TAG_BYTES = 32
 _NAME = re.compile(r"^step-(\d{6})\.ckpt$")
 # A header is a few hundred bytes: a bigger length is a corrupt or foreign file.
 _MAX_HEADER = 64 * 1024
 
 def fingerprint(fields: dict[str, Any], inputs: dict[str, bytes] | None = None) -> str:
-    """SHA-256 (hex) of the result-changing fields and the bytes of the input images."""
+    """SHA-256 (hex) of the result-changing fields and the bytes of the input images. An
+    input given by its bytes counts by them alone, not by where it was read: an https
+    input is staged under a new path each attempt, and its job must still resume."""
     h = hashlib.sha256()
-    h.update(json.dumps({k: fields.get(k) for k in FINGERPRINT_FIELDS}, sort_keys=True).encode())
+    named = {k: (None if k in (inputs or {}) else fields.get(k)) for k in FINGERPRINT_FIELDS}
+    h.update(json.dumps(named, sort_keys=True).encode())
     for name, data in sorted((inputs or {}).items()):
         h.update(f"\0{name}\0{len(data)}\0".encode())
         h.update(hashlib.sha256(data).digest())
     return h.hexdigest()
+
+
+def job_key(namespace: str | None, job_fingerprint: str) -> bytes:
+    """The key a job's checkpoints are signed with: one per namespace and spec (and
+    input bytes), from the runtime key that only the operator and Ray hold."""
+    from videojob import runtimekey
+
+    try:
+        return runtimekey.derive("checkpoint", namespace or "", job_fingerprint)
+    except runtimekey.RuntimeKeyError as exc:
+        raise JobFailure(f"checkpoints: {exc}", stage="checkpoint") from None
+
+
+def _tag(key: bytes, data: bytes) -> bytes:
+    return hmac.new(key, data, hashlib.sha256).digest()
 
 
 def job_directory(output_dir: Path, job: dict[str, Any]) -> Path:
@@ -76,7 +101,8 @@ class Found:
     refused: list[str] = field(default_factory=list)
 
 
-def encode(ckpt: Checkpoint) -> bytes:
+def encode(ckpt: Checkpoint, key: bytes) -> bytes:
+    """The file's bytes, signed with ``key`` (``job_key``)."""
     import torch
 
     buf = io.BytesIO()
@@ -85,15 +111,23 @@ def encode(ckpt: Checkpoint) -> bytes:
     header = json.dumps({"format": FORMAT, "fingerprint": ckpt.fingerprint, "step": ckpt.step,
                          "steps": ckpt.steps, "size": len(payload),
                          "sha256": hashlib.sha256(payload).hexdigest()}, sort_keys=True).encode()
-    return MAGIC + struct.pack(">Q", len(header)) + header + payload
+    signed = MAGIC + struct.pack(">Q", len(header)) + header + payload
+    return signed + _tag(key, signed)
 
 
-def decode(data: bytes, expect_fingerprint: str, expect_steps: int, expect_step: int | None = None) -> Checkpoint:
-    """The checkpoint in ``data``; ValueError says what is wrong with it."""
+def decode(data: bytes, expect_fingerprint: str, expect_steps: int, key: bytes,
+           expect_step: int | None = None) -> Checkpoint:
+    """The checkpoint in ``data``, signed with ``key``; ValueError says what is wrong with it.
+    The signature is checked first: nothing of an unsigned or forged file is parsed."""
     import torch
 
     if not data.startswith(MAGIC):
         raise ValueError("not a VideoJob checkpoint (bad magic)")
+    if len(data) < len(MAGIC) + 8 + _TAG_BYTES or not hmac.compare_digest(
+            _tag(key, data[:-_TAG_BYTES]), data[-_TAG_BYTES:]):
+        raise ValueError("not signed for this job (written by someone else, changed since, from before "
+                         "checkpoints were signed, or under another runtime key)")
+    data = data[:-_TAG_BYTES]
     at = len(MAGIC)
     if len(data) < at + 8:
         raise ValueError("truncated header")
@@ -137,7 +171,7 @@ class CheckpointStore:
     never written through; None: the directory is the caller's own."""
 
     def __init__(self, directory: str | Path, job_fingerprint: str, steps: int, keep: int = 2,
-                 root: str | Path | None = None):
+                 root: str | Path | None = None, key: bytes | None = None):
         if keep < 1:
             raise ValueError(f"CheckpointStore.keep must be at least 1, got {keep}")
         if steps < 2:
@@ -145,6 +179,8 @@ class CheckpointStore:
         self.directory = Path(directory)
         self.root = Path(root) if root is not None else None
         self.fingerprint, self.steps, self.keep = job_fingerprint, steps, keep
+        # None: the key of a job outside any namespace (``videojob run``)
+        self.key = key if key is not None else job_key(None, job_fingerprint)
 
     def _open(self, directory: Path | None = None, create: bool = False) -> Beneath:
         return Beneath.at(directory or self.directory, self.root, create=create, field="spec.output.uri",
@@ -153,7 +189,7 @@ class CheckpointStore:
     def save(self, step: int, state: dict[str, Any]) -> tuple[Path, int, float]:
         """Write step ``step``'s checkpoint; returns (path, bytes, seconds)."""
         start = time.perf_counter()
-        data = encode(Checkpoint(step=step, steps=self.steps, fingerprint=self.fingerprint, state=state))
+        data = encode(Checkpoint(step=step, steps=self.steps, fingerprint=self.fingerprint, state=state), self.key)
         final = file_name(step)
         with self._open(create=True) as where:
             partial = where.write_new(final, data, fsync=True, mode=0o600)
@@ -181,7 +217,7 @@ class CheckpointStore:
     def load(self, step: int) -> Checkpoint:
         with self._open() as where:
             data = where.read(file_name(step))
-        ckpt = decode(data, self.fingerprint, self.steps, expect_step=step)
+        ckpt = decode(data, self.fingerprint, self.steps, self.key, expect_step=step)
         ckpt.path = self.directory / file_name(step)
         return ckpt
 

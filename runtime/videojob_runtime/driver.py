@@ -7,7 +7,8 @@ supervisor sets ``RAY_ADDRESS``; it never starts a cluster) and:
 
 1. decodes the request (``--request <base64 JSON of DriverRequest>``, which
    ``hide_request`` first moves from the command line, which Ray's GCS keeps,
-   to the environment, which it does not;
+   to the environment, which it does not; a sealed one is opened with the
+   runtime key: ``request_env``;
    ``driver_protocol``: a request of another major version, or one that
    requires a feature this driver lacks, is refused with a
    ``ProtocolIncompatible`` result; fields it does not know are ignored and
@@ -57,8 +58,10 @@ from typing import Any
 
 from videojob.driver_protocol import (GROUP_PREFIX, PROTOCOL, REQUEST_ENV, DriverRequest, ProtocolIncompatible,
                                      decode_request)
+from videojob.runtimekey import RuntimeKeyError
 
 from .printers import PlacementPrinter, ProgressPrinter  # noqa: F401 - tests import them from here
+from .request_env import hide_request, received_request
 from .stopping import NAMESPACE, OUT, STATE, finish, group_present, install_stop_handling, remove_group
 
 log = logging.getLogger("videojob.driver")
@@ -428,46 +431,6 @@ def preempt(name: str, world: int, job_id: str) -> int:
 # -- entry point -------------------------------------------------------------------
 
 
-# Ray's job supervisor hands the submission's runtime_env to the driver here; ray.init
-# makes it every task's and actor's.
-JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
-
-
-def forget_request_env() -> None:
-    """Drop ``REQUEST_ENV`` from this process's environment and from the job config
-    Ray's job supervisor passed it (a request submitted in the runtime_env:
-    ``DriverRequest.submission``), before ``ray.init``: the ranks never inherit it
-    and the GCS never keeps it."""
-    import json
-
-    os.environ.pop(REQUEST_ENV, None)
-    text = os.environ.get(JOB_CONFIG_ENV)
-    if not text:
-        return
-    try:
-        config = json.loads(text)
-        env_vars = (config.get("runtime_env") or {}).get("env_vars") or {}
-    except (ValueError, AttributeError):
-        return  # not ours to judge: ray.init reads it as it is
-    if REQUEST_ENV in env_vars:
-        del env_vars[REQUEST_ENV]
-        os.environ[JOB_CONFIG_ENV] = json.dumps(config)
-
-
-def hide_request() -> None:
-    """Ray's GCS keeps every driver's command line (taken at ``ray.init``) for as long as
-    the cluster lives, past the Jobs API record the operator deletes: a driver started
-    as ``--request <base64>`` (prompts in it) runs itself again in the same process
-    (exec: same pid, so Ray's job supervisor still follows and signals it) with the
-    request in its environment, which Ray does not keep, and ``--request-env`` as its
-    command line. A no-op for any other command line."""
-    argv = sys.argv[1:]
-    if len(argv) != 2 or argv[0] != "--request":
-        return
-    os.execve(sys.executable, [sys.executable, "-m", "videojob_runtime.driver", "--request-env"],
-              {**os.environ, REQUEST_ENV: argv[1]})
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m videojob_runtime.driver",
                                      description="Run one VideoJob attempt on the Ray cluster this runs in.")
@@ -494,8 +457,10 @@ def main(argv: list[str] | None = None) -> int:
         return finish(teardown(args.teardown, args.world))
     if args.preempt:
         return finish(preempt(args.preempt, args.world, args.job))
-    encoded = args.request if args.request is not None else os.environ.get(REQUEST_ENV, "")
-    forget_request_env()
+    try:
+        encoded = received_request(args.request)
+    except RuntimeKeyError as exc:
+        return finish(_result(_fail("RuntimeKeyMismatch", "request", str(exc)), {}))
     try:
         request, ignored = decode_request(encoded)
     except ProtocolIncompatible as exc:

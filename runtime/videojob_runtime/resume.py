@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .checkpoint import Checkpoint, CheckpointStore
+from .checkpoint import Checkpoint, CheckpointStore, job_key
 
 _PLAIN = (int, float, bool, str, type(None))
 
@@ -358,7 +358,8 @@ def plan_for(req, rank: int, world: int, device: str, pipe, agree_min=None) -> t
     read, so no rank resumes from another step than its peers."""
     if not req.checkpoint_dir or req.steps < 2:
         return None, []
-    store = CheckpointStore(req.checkpoint_dir, job_fingerprint(req), req.steps, root=req.output_root)
+    store = CheckpointStore(req.checkpoint_dir, fp := job_fingerprint(req), req.steps, root=req.output_root,
+                            key=job_key(req.namespace, fp))
     found = store.newest()
     refused = list(found.refused)
     chosen = found.checkpoint

@@ -2,8 +2,11 @@
 
 - ``locate``: the bucket and key behind an ``s3://BUCKET/key`` uri, checked
   again with the API's rules; an operator job's key is under its namespace's
-  prefix (``BUCKET/<namespace>/key``: the same tenant rule as local
-  locations), and a bucket outside the admin's list (VIDEOJOB_S3_BUCKETS) is
+  folder inside the admin's fixed tenant prefix
+  (``BUCKET/<VIDEOJOB_S3_TENANT_PREFIX>/<namespace>/key``: the same tenant
+  rule as local locations, and no namespace named like a folder the admin
+  keeps in the bucket reaches it); ``videojob run`` (no namespace) uses the
+  key as written. A bucket outside the admin's list (VIDEOJOB_S3_BUCKETS) is
   refused. Credentials never come from a spec: boto3's chain reads them.
 - ``upload``: one file, streamed from disk; a file larger than a part goes up
   as a multipart upload, and any failure (or a stop: BaseException) aborts it,
@@ -12,7 +15,11 @@
   a file lock, the first downloads (bounded in size, checked against its
   size and, for a single-part ETag, its MD5) and renames into place, the
   rest find it. The cached copy is keyed by the object's ETag, so a changed
-  object is fetched again.
+  object is fetched again. ``download_prefix``: every object under a prefix
+  (a model directory) the same way. A copy found in the cache is used only
+  if its bytes match the object's size and ETag (``etags.verified``: the MD5, or
+  a multipart ETag for the usual part sizes; each file hashed once per
+  process unless it changes), else it is fetched again.
 
 Every failure is a JobFailure naming the spec field, with the fix: wrong
 credentials, a missing bucket or object, a store that does not answer.
@@ -33,6 +40,7 @@ from videojob.api.uris import namespace_problem, uri_problem
 from videojob.settings import S3Settings
 
 from .errors import JobFailure
+from .etags import verified
 
 CHUNK = 1024 * 1024
 STAGES = {"output": "write", "input": "inputs", "source": "load"}
@@ -86,7 +94,8 @@ def locate(uri: str, kind: str, field: str, namespace: str | None = None,
         problem = namespace_problem(namespace)
         if problem is not None:
             raise JobFailure(f"{field}: {uri!r}: the job's namespace {problem}", stage=stage, field=field)
-        key = f"{namespace}/{key}" if key else f"{namespace}/"
+        # Beside every other namespace inside the admin's fixed prefix (plain names: S3Settings checks it).
+        key = f"{settings.tenant_prefix}/{namespace}/{key}"
     return S3Object(bucket, key, uri, field, stage)
 
 
@@ -224,31 +233,28 @@ def checked_head(s3, where: S3Object, limit: int, limit_setting: str) -> tuple[i
 
 def download(s3, where: S3Object, settings: S3Settings, limit: int, limit_setting: str,
              name: str = "object") -> Path:
-    """The pod's cached copy of one object (module docstring), fetched by at most one process."""
+    """The pod's cached copy of one object (module docstring), fetched by at most one process; a copy
+    already there is used only if its bytes are the object's (``_verified``)."""
     size, etag = checked_head(s3, where, limit, limit_setting)
     directory = _cache_dir(settings, where, etag)
     target = directory / name
     with _locked(directory.with_suffix(".lock")):
-        if _whole(target, size, etag):
+        if verified(target, size, etag, settings.part_bytes, lambda: _store_part_size(s3, where)):
             return target
         directory.mkdir(parents=True, exist_ok=True)
         _fetch(s3, where, directory, target, size, etag, limit, limit_setting)
     return target
 
 
-def _whole(path: Path, size: int, etag: str) -> bool:
-    """Whether the cached ``path`` is the object of ``size`` and ``etag``: its size, and for an
-    object uploaded in one part (its ETag is its MD5) its bytes (issue 36: a hit was trusted on
-    its size alone, so a file of that size planted in the cache was another job's input)."""
-    if not path.is_file() or path.stat().st_size != size:
-        return False
-    if not etag or "-" in etag or len(etag) != 32:
-        return True  # a multipart ETag is no digest of the bytes: the size, and the directory's name
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest() == etag.lower()
+def _store_part_size(s3, where: S3Object) -> int | None:
+    """Part 1's size as the store tells it (HEAD with partNumber=1), or None where it does not."""
+    try:
+        head = s3.head_object(Bucket=where.bucket, Key=where.key, PartNumber=1)
+    except store_errors():
+        return None
+    if not head.get("PartsCount"):
+        return None  # a store that ignores partNumber answers for the whole object
+    return int(head.get("ContentLength") or 0) or None
 
 
 def _fetch(s3, where: S3Object, directory: Path, target: Path, size: int, etag: str, limit: int,
@@ -283,7 +289,9 @@ def _fetch(s3, where: S3Object, directory: Path, target: Path, size: int, etag: 
 
 def download_prefix(s3, where: S3Object, settings: S3Settings) -> Path:
     """The pod's cached copy of every object under a key prefix (a model directory), fetched once:
-    the listing's keys and ETags name the copy, and a marker says it is whole."""
+    the listing's keys and ETags name the copy, a marker says it was made whole, and each file's
+    bytes are checked against the listing's ETag before use (``_verified``); one that fails is
+    fetched again."""
     prefix = where.key.rstrip("/") + "/" if where.key.strip("/") else ""
     listing: list[tuple[str, int, str]] = []
     try:
@@ -307,19 +315,61 @@ def download_prefix(s3, where: S3Object, settings: S3Settings) -> Path:
     fingerprint = hashlib.sha256(repr(sorted(listing)).encode()).hexdigest()
     directory = _cache_dir(settings, where, fingerprint)
     complete = directory / ".complete"
-    with _locked(directory.with_suffix(".lock")):
-        # A hit is the marker and every listed file at its size (not the marker alone: a file
-        # changed after it was written, or planted, is fetched again).
-        if complete.is_file() and all((directory / rel).is_file() and (directory / rel).stat().st_size == size
-                                      for rel, size, _ in listing):
+    lock = directory.with_suffix(".lock")
+
+    def whole() -> bool:  # a hit: the marker, every listed file's bytes the object's (_verified), nothing else
+        return complete.is_file() and not _unlisted(directory, listing, in_flight=True) and all(
+            verified(directory / rel, size, etag, settings.part_bytes,
+                     lambda rel=rel: _store_part_size(s3, where.child(rel)))
+            for rel, size, etag in listing)
+
+    # Checked outside the lock, so the ranks of a pod hash at once; a file that fails is fetched
+    # again under it. A rank that waited while another fetched checks outside the lock too.
+    was_complete = complete.is_file()
+    if was_complete and whole():
+        return directory
+    with _locked(lock):
+        fetched_meanwhile = not was_complete and complete.is_file()
+        if not fetched_meanwhile:
+            _fill(s3, where, settings, directory, listing, fingerprint)
             return directory
-        complete.unlink(missing_ok=True)
-        for relative, size, etag in listing:
-            target = directory / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if _whole(target, size, etag):
-                continue
-            _fetch(s3, where.child(relative), target.parent, target, size, etag, settings.model_max_bytes,
-                   "VIDEOJOB_S3_MODEL_MAX_BYTES")
-        complete.write_text(fingerprint + "\n")
+    if whole():
+        return directory
+    with _locked(lock):
+        _fill(s3, where, settings, directory, listing, fingerprint)
     return directory
+
+
+def _unlisted(directory: Path, listing: list[tuple[str, int, str]], in_flight: bool) -> list[Path]:
+    """Files and links in a model's cache directory that are not in its listing (planted, or left by a
+    killed download), links to directories included; ``in_flight``: not another process's download."""
+    listed = {relative for relative, _, _ in listing} | {".complete"}
+    found = []
+    for root, folders, files in os.walk(directory):  # links to folders are listed, never entered
+        for name in [*files, *(f for f in folders if os.path.islink(os.path.join(root, f)))]:
+            path = Path(root) / name
+            if str(path.relative_to(directory)) in listed and not path.is_symlink():
+                continue
+            if in_flight and name.startswith(".") and name.endswith(".partial"):
+                continue
+            found.append(path)
+    return found
+
+
+def _fill(s3, where: S3Object, settings: S3Settings, directory: Path, listing: list[tuple[str, int, str]],
+          fingerprint: str) -> None:
+    """Fetch every listed file whose cached copy is not the object's, then mark the directory whole
+    (the caller holds the lock)."""
+    complete = directory / ".complete"
+    complete.unlink(missing_ok=True)
+    for extra in _unlisted(directory, listing, in_flight=False):  # the loader must find only the listing
+        extra.unlink()
+    for relative, size, etag in listing:
+        target = directory / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        child = where.child(relative)
+        if verified(target, size, etag, settings.part_bytes, lambda child=child: _store_part_size(s3, child)):
+            continue
+        _fetch(s3, child, target.parent, target, size, etag, settings.model_max_bytes,
+               "VIDEOJOB_S3_MODEL_MAX_BYTES")
+    complete.write_text(fingerprint + "\n")

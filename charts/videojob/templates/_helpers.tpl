@@ -131,7 +131,38 @@ when schema validation was skipped.
 The data volume (the claim, or an emptyDir when persistence is off), /tmp and
 /dev/shm: every pod that runs the runtime has them (the root filesystem is read-only).
 */}}
+{{/* The runtime key's Secret (values: runtimeKey; runtimekey.py) and where every container mounts it. */}}
+{{- define "videojob.runtimeKeySecret" -}}
+{{- .Values.runtimeKey.existingSecret | default (printf "%s-runtime-key" (include "videojob.fullname" .)) -}}
+{{- end -}}
+
+{{- define "videojob.runtimeKeyDir" -}}
+/var/run/secrets/videojob/runtime-key
+{{- end -}}
+
+{{- define "videojob.runtimeKeyVolume" -}}
+- name: runtime-key
+  secret:
+    secretName: {{ include "videojob.runtimeKeySecret" . }}
+    defaultMode: 0440
+    items:
+      - key: {{ .Values.runtimeKey.secretKey }}
+        path: key
+{{- end -}}
+
+{{- define "videojob.runtimeKeyMount" -}}
+- name: runtime-key
+  mountPath: {{ include "videojob.runtimeKeyDir" . }}
+  readOnly: true
+{{- end -}}
+
+{{- define "videojob.runtimeKeyEnv" -}}
+- name: VIDEOJOB_RUNTIME_KEY_FILE
+  value: {{ printf "%s/key" (include "videojob.runtimeKeyDir" .) | quote }}
+{{- end -}}
+
 {{- define "videojob.runtimeVolumes" -}}
+{{ include "videojob.runtimeKeyVolume" . }}
 - name: data
 {{- if .Values.persistence.enabled }}
   persistentVolumeClaim:
@@ -147,6 +178,7 @@ The data volume (the claim, or an emptyDir when persistence is off), /tmp and
 {{- end -}}
 
 {{- define "videojob.runtimeVolumeMounts" -}}
+{{ include "videojob.runtimeKeyMount" . }}
 - name: data
   mountPath: {{ include "videojob.dataMountPath" . }}
 - name: tmp
@@ -160,6 +192,7 @@ The data volume (the claim, or an emptyDir when persistence is off), /tmp and
 {{- $data := include "videojob.dataMountPath" . -}}
 - name: HOME
   value: /tmp
+{{ include "videojob.runtimeKeyEnv" . }}
 - name: VIDEOJOB_VOLUMES_ROOT
   value: {{ .Values.persistence.mountRoot | quote }}
 - name: VIDEOJOB_OUTPUT_ROOT
@@ -196,6 +229,8 @@ staging on the data volume, and the credentials from the admin's Secret, never f
 - name: VIDEOJOB_S3_BUCKETS
   value: {{ join "," . | quote }}
 {{- end }}
+- name: VIDEOJOB_S3_TENANT_PREFIX
+  value: {{ .tenantPrefix | quote }}
 - name: VIDEOJOB_S3_CACHE_ROOT
   value: {{ printf "%s/s3-cache" $data | quote }}
 - name: VIDEOJOB_S3_STAGING_ROOT

@@ -183,7 +183,8 @@ class OutputStatus(WireModel):
     """Where the video is."""
 
     uri: str = Field(description="The directory holding NAME.mp4, NAME.png and NAME.json; for s3:// the "
-                                 "objects' prefix, the namespace's part in it (s3://BUCKET/NAMESPACE/PREFIX).")
+                                 "objects' prefix, the tenants' prefix and the namespace's part in it "
+                                 "(s3://BUCKET/TENANT_PREFIX/NAMESPACE/PREFIX).")
     video: Optional[str] = Field(default=None, description="The mp4 (for s3://, the object's uri).")
     result: Optional[str] = Field(default=None, description="NAME.json, written last: the 'done' marker.")
     video_url: Optional[str] = Field(default=None, description="A presigned https URL of the mp4, when the "

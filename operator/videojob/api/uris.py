@@ -15,7 +15,8 @@ Schemes:
                          sources) in the admin's S3 store (endpoint, region and
                          credentials from the runtime's settings, never the
                          spec); an operator job's keys are under its
-                         namespace's prefix, BUCKET/<namespace>/key/path
+                         namespace's folder of the admin's fixed tenant
+                         prefix, BUCKET/<tenant prefix>/<namespace>/key/path
 
 Containment: a spec is written by a user the runtime must not trust, and the
 path part of a pvc://, local:// or s3:// uri becomes a file name on the

@@ -161,12 +161,18 @@ class Admissions:
             return p.for_key if p is not None else None
 
     def running(self, key: str, klass: str, gpus: int, est_seconds: float, group: str | None,
-                pool: str | None, ask: Ask | None = None) -> None:
+                pool: str | None, ask: Ask | None = None, started_at: object = None) -> None:
         """A job found running (operator start, or an adopted driver); ``ask``: its
-        priority and preemption fields (without it, it is never preempted)."""
+        priority and preemption fields (without it, it is never preempted); ``started_at``:
+        its attempt's startedAt (status time), from which its expected end counts."""
+        from .context import parse_time  # here: context imports this module
+
+        started = parse_time(started_at) if started_at is not None else None
+        ago = max(0.0, time.time() - started) if started is not None else 0.0
         with self._lock:
             self._touch()
-            self.scheduler.reserve(key, klass, gpus, self.clock(), est_seconds, group, pool, ask=ask)
+            self.scheduler.reserve(key, klass, gpus, self.clock(), est_seconds, group, pool, ask=ask,
+                                   started_ago_s=ago)
 
     def adopt_idle(self, group: str, klass: str, gpus: int, pool: str, model: str) -> bool:
         with self._lock:
@@ -175,6 +181,20 @@ class Admissions:
             if ok:
                 self._models[group] = model
             return ok
+
+    def _withdraw_preemptions_for(self, key: str) -> None:
+        """``key`` left the queue (deleted): the victims chosen for it need not stop. A victim
+        whose ranks were already asked still stops at its next step boundary (and waits
+        again); one not asked yet (still starting: its preempt driver answered GroupNotFound)
+        is not asked again (``Watching``), and may be chosen again for another job."""
+        for victim, p in list(self._preempting.items()):
+            if p.for_key != key:
+                continue
+            del self._preempting[victim]
+            run = self.scheduler.running.get(victim)
+            if run is not None:
+                run.preempting = False
+            self._log("unpreempting", victim, p.klass, f"for={key} (it left the queue)")
 
     def finish(self, key: str, keep_group: str | None = None, model: str = "") -> None:
         with self._lock:
@@ -192,6 +212,7 @@ class Admissions:
             self._granted.pop(key, None)
             self._listeners.pop(key, None)
             self._preempting.pop(key, None)
+            self._withdraw_preemptions_for(key)
             run = self.scheduler.running.get(key)
             self._touch()
             self.scheduler.cancel(key)

@@ -217,7 +217,8 @@ class JobLifecycle(Queueing, KueueQueueing, Attempts, Watching, Endings, Deletio
             else:
                 self.ctx.admissions.running(self.key, plan.get("gpuClass") or self.ctx.inventory.classes[0].name,
                                             plan["gpus"], plan.get("estimatedSeconds") or 60.0,
-                                            attempt.get("group"), self._pool_key(job, plan), self._ask(job, plan))
+                                            attempt.get("group"), self._pool_key(job, plan), self._ask(job, plan),
+                                            started_at=attempt.get("startedAt"))
                 self._capacity_metrics()
             if self.on_admitted is not None:  # from here the thread watches a running attempt
                 self.on_admitted()

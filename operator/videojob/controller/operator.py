@@ -132,7 +132,8 @@ class Controller:
                 klass = default_class  # the inventory changed under a running job: count it somewhere
             if view["running"]:
                 self.admissions.running(key, klass, int(plan.get("gpus") or 1),
-                                        float(plan.get("estimatedSeconds") or 60.0), view["attemptGroup"], pool)
+                                        float(plan.get("estimatedSeconds") or 60.0), view["attemptGroup"], pool,
+                                        started_at=view["attemptStartedAt"])
                 continue
             if group.get("name") in in_ray and group.get("poolKey"):
                 kept.append((key, klass, plan, model, group))
@@ -311,7 +312,8 @@ def rebuild_view(obj: dict[str, Any]) -> dict[str, Any]:
     if running or (phase == "Succeeded" and group.get("kept")):
         model = spec.get("model") or {}
         view.update(plan=status.get("plan") or {}, model=model.get("name", ""), source=model.get("source"),
-                    group=group, running=running, attemptGroup=attempts[-1].get("group") if running else None)
+                    group=group, running=running, attemptGroup=attempts[-1].get("group") if running else None,
+                    attemptStartedAt=attempts[-1].get("startedAt") if running else None)
     return view
 
 

@@ -104,12 +104,14 @@ class Watching:
         return sid, time.monotonic()
 
     def _preempt_again_if_refused(self, stopped, attempt: dict[str, Any],
-                                  preempt: tuple[str, float]) -> tuple[str, float]:
+                                  preempt: tuple[str, float]) -> tuple[str, float] | None:
         """A preemption ends only when the attempt ends: a preempt driver that could not ask
         the ranks (the victim was still starting: its group not up yet, ``GroupNotFound``;
         or Ray lost it) is sent again, at most every ``PREEMPT_RETRY_POLLS`` polls, until one
-        asked them. (It was fire-and-forget: a victim caught starting ran to its end, and
-        the head it was chosen for waited all of it, with every other preemption of its class.)"""
+        asked them, while the preemption is still wanted (None: it was withdrawn, its job
+        having left the queue). (It was fire-and-forget: a victim caught starting ran to its
+        end, and the head it was chosen for waited all of it, with every other preemption of
+        its class.)"""
         sid, sent = preempt
         if time.monotonic() - sent < PREEMPT_RETRY_POLLS * self.ctx.settings.poll_interval_s:
             return preempt
@@ -120,6 +122,11 @@ class Watching:
             if job is not None else None
         if result is not None and result.get("ok"):
             return sid, float("inf")  # the ranks were asked: the attempt ends Preempted at a step boundary
+        if not self.ctx.admissions.preempt_requested(self.key) and getattr(self, "_evicted_by_kueue", None) is None:
+            message = f"attempt {attempt['number']}: the preemption was withdrawn (the job it was for left the queue)"
+            log.info("%s: %s", self.key, message)
+            self.book.update({"message": message})
+            return None
         error = (result or {}).get("error") or {}
         log.info("%s: preempt driver %s could not ask the ranks (%s: %s); asking again", self.key, sid,
                  error.get("reason") or ("lost" if job is None else job.status), error.get("message", "")[:200])

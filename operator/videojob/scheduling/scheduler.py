@@ -210,10 +210,14 @@ class Scheduler:
         self.waiting[ask.key] = ask
 
     def reserve(self, key: str, klass: str, gpus: int, now: float, est_seconds: float = 60.0,
-                group: str | None = None, pool_key: str | None = None, ask: Ask | None = None) -> int:
+                group: str | None = None, pool_key: str | None = None, ask: Ask | None = None,
+                started_ago_s: float = 0.0) -> int:
         """Record a job that already runs (found when the operator starts). Returns its pod.
         ``ask``: its Ask, for its priority and preemption fields and to wait again if
-        preempted; without it the job is never chosen as a victim."""
+        preempted; without it the job is never chosen as a victim. ``started_ago_s``: how
+        long its attempt has run (its status's startedAt): its expected end counts from its
+        start, not from the operator's (a long job otherwise looks about to finish after a
+        restart: never preemptible, and reservations behind it wrong)."""
         if key in self.running:
             run = self.running[key]
             if ask is not None and run.ask is None:
@@ -230,7 +234,9 @@ class Scheduler:
         c.used[pod] += gpus
         extra = (dict(priority=ask.priority, preemptible=ask.preemptible, restart_s=ask.restart_s,
                       resumable=ask.resumable, ask=ask) if ask is not None else dict(preemptible=False))
-        self.running[key] = Running(key, klass, pod, gpus, group, pool_key, now + est_seconds, started=now, **extra)
+        started = now - max(0.0, started_ago_s)
+        self.running[key] = Running(key, klass, pod, gpus, group, pool_key, started + est_seconds, started=started,
+                                    **extra)
         return pod
 
     def adopt_idle(self, group: str, klass: str, gpus: int, pool_key: str, now: float) -> bool:
