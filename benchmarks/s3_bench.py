@@ -100,13 +100,14 @@ class Paths:
         staged = time.perf_counter()
         facts = upload_outputs(written, uri, NAMESPACE, settings)
         done = time.perf_counter()
+        self.key_root = f"{settings.tenant_prefix}/{NAMESPACE}"  # where a tenant's keys go (s3store.locate)
         self._check(name, facts)
-        self.last_video_key = f"{NAMESPACE}/videos/{name}.mp4"
+        self.last_video_key = f"{self.key_root}/videos/{name}.mp4"
         return {"seconds": done - start, "writeSeconds": staged - start, "uploadSeconds": done - staged}
 
     def _check(self, name: str, facts: dict) -> None:
         """The bucket as a reader finds it: the three objects at their sizes, nothing unfinished."""
-        prefix = f"{NAMESPACE}/videos/{name}"
+        prefix = f"{self.key_root}/videos/{name}"
         listed = {o["Key"]: o["Size"] for o in
                   self.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix + ".").get("Contents", [])}
         if sorted(listed) != [f"{prefix}.{x}" for x in ("json", "mp4", "png")] or \

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,10 +22,12 @@ from pathlib import Path
 
 import yaml
 
-from helpers import REPO, free_port, wait_for
+from helpers import REPO, wait_for
 
 RBAC_RULES = REPO / "charts" / "videojob" / "files" / "operator-rbac-rules.yaml"
 SERVICE_ACCOUNT = "videojob-operator"
+# The operator's line once it serves /healthz (controller/operator.py), with the port it bound.
+READY = re.compile(r"operator ready: .*metrics on :(\d+)")
 
 
 def rbac_rules(drop: tuple[str, str] | None = None) -> list[dict]:
@@ -81,7 +84,10 @@ class OperatorProcess:
         self.env = env
         self.rules = rules if rules is not None else rbac_rules()
         self.given_kubeconfig = kubeconfig
-        self.metrics_port = free_port()
+        # Known once this start's operator has bound it: it binds a free port itself (0), so no
+        # other process can take the port between the harness choosing it and the bind.
+        self.metrics_port: int | None = None
+        self._log_from = 0
         self.process: subprocess.Popen | None = None
         self.log_path = workdir / f"operator-{namespace}.log"
         self.starts = 0
@@ -94,7 +100,7 @@ class OperatorProcess:
             grant(self.cluster, self.namespace, self.rules)
             self.kubeconfig = self.cluster.kubeconfig_for(self.namespace, SERVICE_ACCOUNT,
                                                           self.workdir / f"{self.namespace}.kubeconfig")
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "VIDEOJOB_METRICS_PORT": str(self.metrics_port),
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "VIDEOJOB_METRICS_PORT": "0",
                "VIDEOJOB_PROGRESS_INTERVAL_S": "0.5", "VIDEOJOB_POLL_INTERVAL_S": "0.3",
                "VIDEOJOB_RAY_RETRY_S": "1", "OMP_NUM_THREADS": "1", **self.env}
         env = {key: value for key, value in env.items() if value is not None}
@@ -102,6 +108,7 @@ class OperatorProcess:
         log = open(self.log_path, "a")
         log.write(f"\n===== start {self.starts + 1} =====\n")
         log.flush()
+        self.metrics_port, self._log_from = None, self.log_path.stat().st_size
         self.process = subprocess.Popen(
             [sys.executable, "-m", "videojob.cli", "operator", "--standalone", "--namespace", self.namespace],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -114,6 +121,11 @@ class OperatorProcess:
 
         if self.process.poll() is not None:
             raise RuntimeError(f"the operator exited {self.process.returncode}:\n{self.log()[-4000:]}")
+        if self.metrics_port is None:
+            ready = READY.search(self.log()[self._log_from:])
+            if ready is None:
+                return False
+            self.metrics_port = int(ready.group(1))
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/healthz", timeout=2) as response:
                 return response.status == 200

@@ -322,7 +322,7 @@ def test_operator_runs_a_job_under_the_charts_rbac_and_inventory(full_cluster, h
             secret = full_cluster.get_json("secret", key_volume["secretName"], "-n", system)
             Path(env["VIDEOJOB_RUNTIME_KEY_FILE"]).write_bytes(
                 base64.b64decode(secret["data"][key_volume["items"][0]["key"]]))
-            del env["VIDEOJOB_METRICS_PORT"]  # the harness's free port instead of the pod's 8080
+            del env["VIDEOJOB_METRICS_PORT"]  # the harness lets the operator bind a free port, not the pod's 8080
             env["VIDEOJOB_DRIVER_PYTHON"] = sys.executable  # `python` is the runtime image's
             assert env["VIDEOJOB_RAY_MODE"] == "embedded" and env["VIDEOJOB_NAMESPACES"] == jobs
 

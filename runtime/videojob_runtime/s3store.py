@@ -234,7 +234,7 @@ def checked_head(s3, where: S3Object, limit: int, limit_setting: str) -> tuple[i
 def download(s3, where: S3Object, settings: S3Settings, limit: int, limit_setting: str,
              name: str = "object") -> Path:
     """The pod's cached copy of one object (module docstring), fetched by at most one process; a copy
-    already there is used only if its bytes are the object's (``_verified``)."""
+    already there is used only if its bytes are the object's (``etags.verified``)."""
     size, etag = checked_head(s3, where, limit, limit_setting)
     directory = _cache_dir(settings, where, etag)
     target = directory / name
@@ -290,7 +290,7 @@ def _fetch(s3, where: S3Object, directory: Path, target: Path, size: int, etag: 
 def download_prefix(s3, where: S3Object, settings: S3Settings) -> Path:
     """The pod's cached copy of every object under a key prefix (a model directory), fetched once:
     the listing's keys and ETags name the copy, a marker says it was made whole, and each file's
-    bytes are checked against the listing's ETag before use (``_verified``); one that fails is
+    bytes are checked against the listing's ETag before use (``etags.verified``); one that fails is
     fetched again."""
     prefix = where.key.rstrip("/") + "/" if where.key.strip("/") else ""
     listing: list[tuple[str, int, str]] = []
@@ -317,7 +317,7 @@ def download_prefix(s3, where: S3Object, settings: S3Settings) -> Path:
     complete = directory / ".complete"
     lock = directory.with_suffix(".lock")
 
-    def whole() -> bool:  # a hit: the marker, every listed file's bytes the object's (_verified), nothing else
+    def whole() -> bool:  # a hit: the marker, every listed file's bytes the object's (etags.verified), nothing else
         return complete.is_file() and not _unlisted(directory, listing, in_flight=True) and all(
             verified(directory / rel, size, etag, settings.part_bytes,
                      lambda rel=rel: _store_part_size(s3, where.child(rel)))
