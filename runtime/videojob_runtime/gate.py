@@ -142,13 +142,10 @@ class JobGate:
         if store is None:
             if not self.req.checkpoint_dir or self.req.steps < 2:
                 return 0
-            from .checkpoint import CheckpointStore, job_key
-            from .resume import job_fingerprint
+            from .resume import job_store
 
             try:
-                fp = job_fingerprint(self.req)
-                store = CheckpointStore(self.req.checkpoint_dir, fp, self.req.steps, root=self.req.output_root,
-                                        key=job_key(self.req.namespace, fp))
+                store = job_store(self.req)
             except Exception as exc:  # noqa: BLE001 - an input that cannot be read: no checkpoint to name
                 log.warning("preemption: cannot look for checkpoints (%s)", exc)
                 return 0

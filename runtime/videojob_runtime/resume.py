@@ -350,6 +350,12 @@ def job_fingerprint(req) -> str:
     return fingerprint(req.to_dict(), inputs)
 
 
+def job_store(req) -> CheckpointStore:
+    """``req``'s checkpoint store, its files signed with the job's key (``checkpoint.job_key``)."""
+    fp = job_fingerprint(req)
+    return CheckpointStore(req.checkpoint_dir, fp, req.steps, root=req.output_root, key=job_key(req.namespace, fp))
+
+
 def plan_for(req, rank: int, world: int, device: str, pipe, agree_min=None) -> tuple[StepCheckpointing | None, list[str]]:
     """The rank's checkpoint plan for ``req`` and what it refused on disk.
 
@@ -358,8 +364,7 @@ def plan_for(req, rank: int, world: int, device: str, pipe, agree_min=None) -> t
     read, so no rank resumes from another step than its peers."""
     if not req.checkpoint_dir or req.steps < 2:
         return None, []
-    store = CheckpointStore(req.checkpoint_dir, fp := job_fingerprint(req), req.steps, root=req.output_root,
-                            key=job_key(req.namespace, fp))
+    store = job_store(req)
     found = store.newest()
     refused = list(found.refused)
     chosen = found.checkpoint
